@@ -1,0 +1,166 @@
+// bindings.cpp - the pybind11 module dtr._C. Reached only through dtr.core and
+// dtr.sim (the Python facade); see dtr/_C.pyi for the typed surface.
+#include <pybind11/functional.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include "core.h"
+#include "program.h"
+#include "replay.h"
+
+namespace py = pybind11;
+using namespace dtr;
+
+namespace {
+
+PyObject* g_log_error = nullptr;
+PyObject* g_oom = nullptr;
+PyObject* g_thrash = nullptr;
+
+py::dict counters_dict(const Counters& c) {
+  py::dict d;
+  d["base_compute"] = c.base_compute;
+  d["remat_compute"] = c.remat_compute;
+  d["evictions"] = c.evictions;
+  d["eager_evictions"] = c.eager_evictions;
+  d["banishments"] = c.banishments;
+  d["remats"] = c.remats;
+  d["memory"] = c.memory;
+  d["peak_memory"] = c.peak_memory;
+  d["storage_accesses"] = c.storage_accesses;
+  d["heuristic_evals"] = c.heuristic_evals;
+  d["largest_op_bytes"] = c.largest_op_bytes;
+  d["constant_bytes"] = c.constant_bytes;
+  return d;
+}
+
+CostMode cost_mode(const std::string& s) {
+  if (s == "none") return CostMode::None;
+  if (s == "local") return CostMode::Local;
+  if (s == "eqclass") return CostMode::EqClass;
+  if (s == "full") return CostMode::Full;
+  throw py::value_error("unknown cost mode '" + s + "' (valid: full, eqclass, local, none)");
+}
+
+std::string cost_name(CostMode m) {
+  switch (m) {
+    case CostMode::None: return "none";
+    case CostMode::Local: return "local";
+    case CostMode::EqClass: return "eqclass";
+    case CostMode::Full: return "full";
+  }
+  return "?";
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_C, m) {
+  m.doc() = "dtr's C++ eviction core (torch-free). Use dtr.core / dtr.sim, not this module.";
+
+  g_log_error = PyErr_NewException("dtr._C.LogError", PyExc_ValueError, nullptr);
+  g_oom = PyErr_NewException("dtr._C.OutOfMemory", PyExc_MemoryError, nullptr);
+  g_thrash = PyErr_NewException("dtr._C.Thrashing", PyExc_RuntimeError, nullptr);
+  m.attr("LogError") = py::handle(g_log_error);
+  m.attr("OutOfMemory") = py::handle(g_oom);
+  m.attr("Thrashing") = py::handle(g_thrash);
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const LogError& e) {
+      PyErr_SetObject(g_log_error, py::make_tuple(e.line, e.what()).ptr());
+    } catch (const OutOfMemory& e) {
+      PyErr_SetObject(g_oom, py::make_tuple(e.needed, e.budget, e.what()).ptr());
+    } catch (const Thrashing& e) {
+      PyErr_SetObject(g_thrash, py::make_tuple(e.remat_compute, e.limit, e.what()).ptr());
+    }
+  });
+
+  py::class_<Config>(m, "Config")
+      .def(py::init<>())
+      .def_readwrite("budget", &Config::budget)
+      .def_property(
+          "cost", [](const Config& c) { return cost_name(c.cost); },
+          [](Config& c, const std::string& s) { c.cost = cost_mode(s); })
+      .def_readwrite("use_size", &Config::use_size)
+      .def_readwrite("use_staleness", &Config::use_staleness)
+      .def_readwrite("random", &Config::random)
+      .def_readwrite("banish", &Config::banish)
+      .def_readwrite("eager_evict", &Config::eager_evict)
+      .def_readwrite("seed", &Config::seed)
+      .def_readwrite("sample", &Config::sample)
+      .def_readwrite("remat_limit", &Config::remat_limit);
+
+  py::class_<Core>(m, "Core")
+      .def(py::init<const Config&>())
+      .def("constant", &Core::constant)
+      .def("call", &Core::call, py::arg("inputs"), py::arg("sizes"), py::arg("alias_of"), py::arg("cost"))
+      .def("mutate", &Core::mutate)
+      .def("retain", &Core::retain)
+      .def("release", &Core::release)
+      .def("require", &Core::require)
+      .def("pin", &Core::pin)
+      .def("lock", &Core::lock)
+      .def("unlock", &Core::unlock)
+      .def("counters", [](const Core& c) { return counters_dict(c.counters()); })
+      .def_property_readonly("clock", &Core::clock)
+      .def_property("budget", &Core::budget, &Core::set_budget)
+      .def("set_remat_limit", &Core::set_remat_limit)
+      .def_property_readonly("num_tensors", &Core::num_tensors)
+      .def_property_readonly("num_storages", &Core::num_storages)
+      .def_property_readonly("num_ops", &Core::num_ops)
+      .def_property_readonly("pool_size", &Core::pool_size)
+      .def("storage_of", &Core::storage_of)
+      .def("op_of", &Core::op_of)
+      .def("defined", &Core::defined)
+      .def("resident", &Core::resident)
+      .def("pinned", &Core::pinned)
+      .def("locks", &Core::locks)
+      .def("refs", &Core::refs)
+      .def("storage_size", &Core::storage_size)
+      .def("storage_cost", &Core::storage_cost)
+      .def("score", &Core::score)
+      .def("neighbourhood_cost", &Core::neighbourhood_cost)
+      .def("check", &Core::check)
+      .def_readwrite("on_evict", &Core::on_evict)
+      .def_readwrite("on_remat", &Core::on_remat);
+
+  py::class_<Program>(m, "Program")
+      .def_readonly("format", &Program::format)
+      .def_readonly("cost_unit", &Program::cost_unit)
+      .def_readonly("meta_json", &Program::meta_json)
+      .def_readonly("handle_names", &Program::handle_names)
+      .def_readonly("names", &Program::names)
+      .def("base_compute", &Program::base_compute)
+      .def("__len__", [](const Program& p) { return p.instrs.size(); })
+      .def("records", [](const Program& p) {
+        py::list out;
+        for (const Instr& i : p.instrs)
+          out.append(py::make_tuple(static_cast<int>(i.kind), i.line, i.name, i.cost, i.in, i.out, i.sizes,
+                                    i.aliases, i.mutated));
+        return out;
+      });
+
+  m.def("parse_log", [](py::bytes data) {
+    std::string text = data;
+    py::gil_scoped_release nogil;
+    return parse_log(text);
+  });
+
+  m.def(
+      "replay",
+      [](const Program& prog, const Config& cfg, double thrash_limit, bool check) {
+        ReplayResult r;
+        {
+          py::gil_scoped_release nogil;
+          r = replay(prog, cfg, thrash_limit, check);
+        }
+        py::dict d = counters_dict(r.counters);
+        d["status"] = r.status;
+        d["base_total"] = r.base_total;
+        d["needed_bytes"] = r.needed_bytes;
+        d["failed_line"] = r.failed_line;
+        d["instructions"] = r.instructions;
+        return d;
+      },
+      py::arg("program"), py::arg("config"), py::arg("thrash_limit"), py::arg("check") = false);
+}

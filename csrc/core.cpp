@@ -1,0 +1,588 @@
+// core.cpp - the DTR eviction core (see core.h for the model and invariants).
+#include "core.h"
+
+#include <algorithm>
+#include <cmath>
+#include <sstream>
+
+namespace dtr {
+
+namespace {
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+template <class T>
+bool contains(const std::vector<T>& v, const T& x) {
+  return std::find(v.begin(), v.end(), x) != v.end();
+}
+}  // namespace
+
+Core::Core(const Config& cfg) : cfg_(cfg), rng_(cfg.seed) {}
+
+// ---------------------------------------------------------------------------
+// Graph construction
+
+int Core::new_op(const std::vector<int>& inputs, const std::vector<int64_t>& sizes,
+                 const std::vector<int>& alias_of, double cost) {
+  if (alias_of.size() != sizes.size()) throw std::invalid_argument("alias_of and sizes differ in length");
+  if (!(cost >= 0) || !std::isfinite(cost)) throw std::invalid_argument("cost must be finite and >= 0");
+  for (int u : inputs)
+    if (u < 0 || u >= int(tensors_.size())) throw std::invalid_argument("unknown input tensor " + std::to_string(u));
+  const int op_id = int(ops_.size());
+  Op op;
+  op.cost = cost;
+  op.inputs = inputs;
+  op.sizes.resize(sizes.size());
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    if (sizes[i] < 0) throw std::invalid_argument("negative size");
+    int a = alias_of[i];
+    if (a >= int(inputs.size()) || a < -1) throw std::invalid_argument("alias index out of range");
+    op.sizes[i] = a >= 0 ? 0 : sizes[i];
+    op.total_size += op.sizes[i];
+  }
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    const int tid = int(tensors_.size());
+    int sid;
+    if (alias_of[i] >= 0) {
+      sid = tensors_[inputs[alias_of[i]]].storage;
+    } else {
+      sid = int(storages_.size());
+      storages_.emplace_back();
+      storages_.back().size = sizes[i];
+      storages_.back().root = tid;
+    }
+    tensors_.push_back(Tensor{sid, op_id, int(i), alias_of[i] >= 0});
+    Storage& s = storages_[sid];
+    s.tensors.push_back(tid);
+    if (!contains(s.ops, op_id)) {
+      s.ops.push_back(op_id);
+      s.cost += cost;
+      s.full_dirty = true;
+    }
+    for (int u : inputs) {
+      int su = tensors_[u].storage;
+      if (su == sid || contains(s.deps, su)) continue;
+      s.deps.push_back(su);
+      storages_[su].dependents.push_back(sid);
+    }
+    op.outputs.push_back(tid);
+  }
+  ops_.push_back(std::move(op));
+  return op_id;
+}
+
+int Core::constant(int64_t size) {
+  std::vector<int> outs = call({}, {size}, {-1}, 0.0);
+  int t = outs[0];
+  Storage& s = storages_[tensors_[t].storage];
+  c_.constant_bytes += s.size;
+  lock(tensors_[t].storage);
+  s.pinned = true;
+  return t;
+}
+
+std::vector<int> Core::call(const std::vector<int>& inputs, const std::vector<int64_t>& sizes,
+                            const std::vector<int>& alias_of, double cost) {
+  const int op_id = new_op(inputs, sizes, alias_of, cost);
+  const std::vector<int> outs = ops_[op_id].outputs;
+  for (int t : outs) {
+    tensors_[t].refs += 1;
+    storages_[tensors_[t].storage].refs += 1;
+  }
+  if (outs.empty()) {
+    // An op with no outputs still runs (and costs) once.
+    touch_parents(op_id);
+    clock_ += cost;
+    c_.base_compute += cost;
+    return outs;
+  }
+  materialize(outs[0], /*remat=*/false);
+  for (int t : outs) storages_[tensors_[t].storage].last_access = clock_;
+  return outs;
+}
+
+std::vector<int> Core::mutate(const std::vector<int>& inputs, const std::vector<int>& mutated, double cost) {
+  std::vector<int64_t> sizes;
+  std::vector<int> alias_of;
+  for (int j : mutated) {
+    if (j < 0 || j >= int(inputs.size())) throw std::invalid_argument("mutated index out of range");
+    sizes.push_back(storages_[tensors_[inputs[j]].storage].size);
+    alias_of.push_back(-1);
+  }
+  std::vector<int> outs = call(inputs, sizes, alias_of, cost);
+  for (int j : mutated) release(inputs[j]);
+  return outs;
+}
+
+// ---------------------------------------------------------------------------
+// References and locks
+
+void Core::retain(int t) {
+  Tensor& x = tensors_.at(t);
+  x.refs += 1;
+  storages_[x.storage].refs += 1;
+}
+
+void Core::release(int t) {
+  Tensor& x = tensors_.at(t);
+  if (x.refs <= 0) throw std::logic_error("release of tensor " + std::to_string(t) + " with no references");
+  x.refs -= 1;
+  const int sid = x.storage;
+  Storage& s = storages_[sid];
+  s.refs -= 1;
+  if (s.refs > 0) return;
+  if (cfg_.banish) {
+    try_banish(sid);
+  } else if (cfg_.eager_evict && s.resident && !s.pinned && s.locks == 0) {
+    evict(sid, /*by_heuristic=*/false);
+  }
+}
+
+void Core::lock(int sid) {
+  Storage& s = storages_.at(sid);
+  if (!s.resident) throw std::logic_error("cannot lock evicted storage " + std::to_string(sid));
+  if (s.locks == 0) pool_remove(sid);
+  s.locks += 1;
+}
+
+void Core::unlock(int sid) {
+  Storage& s = storages_.at(sid);
+  if (s.locks <= 0) throw std::logic_error("unlock of unlocked storage " + std::to_string(sid));
+  s.locks -= 1;
+  if (s.locks == 0) pool_add(sid);
+}
+
+void Core::require(int t) {
+  if (!tensors_.at(t).defined) materialize(t, /*remat=*/true);
+}
+
+void Core::pin(int t) {
+  require(t);
+  Storage& s = storages_[tensors_[t].storage];
+  if (s.pinned) return;
+  lock(tensors_[t].storage);
+  s.pinned = true;
+}
+
+// ---------------------------------------------------------------------------
+// (Re)materialization
+//
+// Note [Rematerialization order and the explicit stack]
+// To materialize tensor t (simrd section 4.4): stamp the access time of all
+// its inputs' storages, lock the inputs that are defined, then rematerialize
+// the undefined ones in input order (each is locked once it is back), make room
+// for the outputs, compute, and unlock the inputs. Chains of evicted tensors
+// can be arbitrarily long (100k in tests), so the recursion is an explicit
+// stack of frames rather than C++ recursion.
+
+void Core::touch_parents(int op_id) {
+  for (int p : ops_[op_id].inputs) storages_[tensors_[p].storage].last_access = clock_;
+}
+
+void Core::materialize(int t0, bool remat0) {
+  struct Frame {
+    int t;
+    bool remat;
+    std::vector<int> pending;  // inputs that were undefined when the frame began
+    size_t i;
+    bool waiting;              // the child for pending[i] is on the stack
+  };
+  std::vector<Frame> stack;
+  auto begin = [&](int t, bool remat) {
+    const Op& op = ops_[tensors_[t].op];
+    touch_parents(tensors_[t].op);
+    Frame f{t, remat, {}, 0, false};
+    for (int p : op.inputs)
+      if (tensors_[p].defined) lock(tensors_[p].storage);
+    for (int p : op.inputs)
+      if (!tensors_[p].defined) f.pending.push_back(p);
+    stack.push_back(std::move(f));
+  };
+  begin(t0, remat0);
+  while (!stack.empty()) {
+    Frame& f = stack.back();
+    if (f.waiting) {  // pending[i] has just been rematerialized
+      lock(tensors_[f.pending[f.i]].storage);
+      f.waiting = false;
+      ++f.i;
+      continue;
+    }
+    if (f.i < f.pending.size()) {
+      int p = f.pending[f.i];
+      if (tensors_[p].defined) {  // a sibling's recomputation brought it back
+        lock(tensors_[p].storage);
+        ++f.i;
+      } else {
+        f.waiting = true;
+        begin(p, true);  // invalidates f
+      }
+      continue;
+    }
+    const int t = f.t;
+    const bool remat = f.remat;
+    stack.pop_back();
+    const int op_id = tensors_[t].op;
+    make_room(ops_[op_id].total_size);
+    compute(t, remat);
+    for (int p : ops_[op_id].inputs) unlock(tensors_[p].storage);
+    if (c_.remat_compute > cfg_.remat_limit) throw Thrashing(c_.remat_compute, cfg_.remat_limit);
+  }
+}
+
+void Core::compute(int t, bool remat) {
+  const int op_id = tensors_[t].op;
+  const Op& op = ops_[op_id];
+  if (remat && on_remat) on_remat(op_id);
+  clock_ += op.cost;
+  if (remat) {
+    c_.remat_compute += op.cost;
+    c_.remats += 1;
+  } else {
+    c_.base_compute += op.cost;
+  }
+  c_.memory += op.total_size;
+  c_.peak_memory = std::max(c_.peak_memory, c_.memory);
+  int64_t working = op.total_size;
+  for (int p : op.inputs) working += ops_[tensors_[p].op].sizes[tensors_[p].index];
+  c_.largest_op_bytes = std::max(c_.largest_op_bytes, working);
+
+  // Outputs that were already defined are computed twice: the duplicate is freed.
+  for (int u : op.outputs)
+    if (tensors_[u].defined) c_.memory -= op.sizes[tensors_[u].index];
+  std::vector<int> fresh;  // storages that become resident now
+  for (int u : op.outputs) {
+    Storage& s = storages_[tensors_[u].storage];
+    if (!s.resident) {
+      s.resident = true;
+      fresh.push_back(tensors_[u].storage);
+    }
+    tensors_[u].defined = true;
+  }
+  for (int sid : fresh) {
+    after_remat(sid);
+    pool_add(sid);
+  }
+}
+
+void Core::after_remat(int sid) {
+  Storage& s = storages_[sid];
+  if (s.uf >= 0) {
+    int r = uf_find(s.uf);
+    uf_[r].value -= s.cost;  // simrd's splitting over-approximation
+    s.uf = -1;
+  }
+  if (cfg_.cost == CostMode::Full) dirty_frontier(sid);
+  s.full_dirty = true;
+  for (int d : s.deps)  // a parent waiting for its evicted dependents to come back
+    if (storages_[d].banish_pending) try_banish(d);
+}
+
+// ---------------------------------------------------------------------------
+// Eviction
+
+void Core::make_room(int64_t bytes) {
+  if (cfg_.budget < 0) return;
+  while (c_.memory + bytes > cfg_.budget) {
+    if (pool_.empty()) throw OutOfMemory(c_.memory + bytes, cfg_.budget);
+    evict(choose(), /*by_heuristic=*/true);
+  }
+}
+
+void Core::pool_add(int sid) {
+  Storage& s = storages_[sid];
+  if (s.pool_pos >= 0 || !s.resident || s.locks > 0 || s.pinned) return;
+  s.pool_pos = int(pool_.size());
+  s.pool_seq = next_seq_++;
+  pool_.push_back(sid);
+}
+
+void Core::pool_remove(int sid) {
+  Storage& s = storages_[sid];
+  if (s.pool_pos < 0) return;
+  int last = pool_.back();
+  pool_[s.pool_pos] = last;
+  storages_[last].pool_pos = s.pool_pos;
+  pool_.pop_back();
+  s.pool_pos = -1;
+}
+
+double Core::raw_score(int sid) {
+  Storage& s = storages_[sid];
+  c_.storage_accesses += 1;
+  c_.heuristic_evals += 1;
+  double c = 1.0;
+  switch (cfg_.cost) {
+    case CostMode::None: break;
+    case CostMode::Local: c = s.cost; break;
+    case CostMode::EqClass: c = s.cost + eqclass_cost(sid); break;
+    case CostMode::Full: c = s.cost + full_cost(sid); break;
+  }
+  double d = 1.0;
+  if (cfg_.use_size) d *= double(s.size);
+  if (cfg_.use_staleness) d *= clock_ - s.last_access;
+  if (!(d > 0)) return kInf;
+  return c / d;
+}
+
+double Core::score(int sid) { return raw_score(sid); }
+
+double Core::neighbourhood_cost(int sid) {
+  switch (cfg_.cost) {
+    case CostMode::EqClass: return eqclass_cost(sid);
+    case CostMode::Full: return full_cost(sid);
+    default: return 0.0;
+  }
+}
+
+// Note [Choosing the victim]
+// simrd scans its pool list in insertion order, keeps the last of equal
+// scores, and stops at the first zero score. We keep the pool in a swap-remove
+// array (O(1) add/remove) and reproduce the same choice from each entry's
+// insertion sequence number: the earliest zero, else the minimum score with
+// ties going to the latest entry. Scoring is a tight loop over cached per-storage
+// terms; `sample` bounds it on very large pools.
+int Core::choose() {
+  const int n = int(pool_.size());
+  if (cfg_.random) {
+    std::uniform_int_distribution<int> dist(0, n - 1);
+    return pool_[dist(rng_)];
+  }
+  int best = -1, zero = -1;
+  double best_score = kInf;
+  uint64_t best_seq = 0, zero_seq = 0;
+  auto consider = [&](int sid) {
+    double sc = raw_score(sid);
+    uint64_t seq = storages_[sid].pool_seq;
+    if (sc == 0) {
+      if (zero < 0 || seq < zero_seq) { zero = sid; zero_seq = seq; }
+    } else if (best < 0 || sc < best_score || (sc == best_score && seq > best_seq)) {
+      best = sid; best_score = sc; best_seq = seq;
+    }
+  };
+  if (cfg_.sample > 0 && n > cfg_.sample) {
+    std::uniform_int_distribution<int> dist(0, n - 1);
+    for (int k = 0; k < cfg_.sample; ++k) consider(pool_[dist(rng_)]);
+  } else {
+    for (int k = 0; k < n; ++k) consider(pool_[k]);
+  }
+  return zero >= 0 ? zero : best;
+}
+
+void Core::evict(int sid, bool by_heuristic) {
+  Storage& s = storages_[sid];
+  if (!s.resident || s.locks > 0 || s.pinned) throw std::logic_error("evicting an unevictable storage");
+  s.resident = false;
+  c_.memory -= s.size;
+  pool_remove(sid);
+  for (int t : s.tensors) tensors_[t].defined = false;
+  if (by_heuristic) c_.evictions += 1; else c_.eager_evictions += 1;
+  if (cfg_.cost == CostMode::EqClass) {
+    s.uf = int(uf_.size());
+    uf_.push_back(UFNode{s.uf, s.cost});
+    auto merge_with = [&](const std::vector<int>& nbrs) {
+      for (int n : nbrs) {
+        const Storage& ns = storages_[n];
+        c_.storage_accesses += 1;
+        if (!ns.resident && !ns.banished && ns.uf >= 0) uf_merge(ns.uf, storages_[sid].uf);
+      }
+    };
+    merge_with(storages_[sid].deps);
+    merge_with(storages_[sid].dependents);
+  }
+  if (cfg_.cost == CostMode::Full) dirty_frontier(sid);
+  if (on_evict) on_evict(sid);
+}
+
+void Core::try_banish(int sid) {
+  Storage& s = storages_[sid];
+  if (s.banished || s.refs > 0) return;
+  for (int d : s.dependents)
+    if (!storages_[d].resident && !storages_[d].banished) {
+      s.banish_pending = true;
+      return;
+    }
+  banish(sid);
+}
+
+void Core::banish(int sid) {
+  Storage& s = storages_[sid];
+  s.banish_pending = false;
+  if (s.locks > (s.pinned ? 1 : 0)) {  // in use right now: retry when a dependent comes back
+    s.banish_pending = true;
+    return;
+  }
+  if (s.pinned) {
+    s.pinned = false;
+    s.locks -= 1;
+  }
+  if (s.resident) {
+    s.resident = false;
+    c_.memory -= s.size;
+    pool_remove(sid);
+    for (int t : s.tensors) tensors_[t].defined = false;
+    if (on_evict) on_evict(sid);
+  }
+  s.banished = true;
+  c_.banishments += 1;
+  // Its dependents can never be recomputed again: they become constants.
+  for (int d : s.dependents) {
+    Storage& ds = storages_[d];
+    if (ds.banished || ds.pinned) continue;
+    if (ds.resident) {
+      lock(d);
+      ds.pinned = true;
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Evicted neighbourhoods
+
+int Core::uf_find(int n) {
+  int r = n;
+  while (uf_[r].parent != r) {
+    r = uf_[r].parent;
+    c_.storage_accesses += 1;
+  }
+  while (uf_[n].parent != r) {
+    int next = uf_[n].parent;
+    uf_[n].parent = r;
+    n = next;
+  }
+  return r;
+}
+
+void Core::uf_merge(int a, int b) {
+  int ra = uf_find(a), rb = uf_find(b);
+  if (ra == rb) return;
+  uf_[ra].parent = rb;
+  uf_[rb].value += uf_[ra].value;
+}
+
+double Core::eqclass_cost(int sid) {
+  const Storage& s = storages_[sid];
+  int roots[16];
+  int nroots = 0;
+  std::vector<int> more;
+  double sum = 0;
+  auto visit = [&](const std::vector<int>& nbrs) {
+    for (int n : nbrs) {
+      const Storage& ns = storages_[n];
+      if (ns.resident || ns.uf < 0) continue;
+      c_.storage_accesses += 1;
+      int r = uf_find(ns.uf);
+      bool seen = false;
+      for (int k = 0; k < nroots && !seen; ++k) seen = roots[k] == r;
+      if (!seen) seen = contains(more, r);
+      if (seen) continue;
+      if (nroots < 16) roots[nroots++] = r; else more.push_back(r);
+      sum += uf_[r].value;
+    }
+  };
+  visit(s.deps);
+  visit(s.dependents);
+  return sum;
+}
+
+double Core::full_cost(int sid) {
+  Storage& s = storages_[sid];
+  if (!s.full_dirty) return s.full_cost;
+  // e*(S): evicted storages reachable from S through evicted storages, along
+  // dependency edges (ancestors) and along dependent edges (descendants).
+  double sum = 0;
+  const uint64_t up = ++stamp_;
+  std::vector<int> stack;
+  auto walk = [&](uint64_t mark, bool ancestors, bool add) {
+    stack.clear();
+    storages_[sid].mark = mark;
+    stack.push_back(sid);
+    while (!stack.empty()) {
+      int x = stack.back();
+      stack.pop_back();
+      const std::vector<int>& nbrs = ancestors ? storages_[x].deps : storages_[x].dependents;
+      for (int n : nbrs) {
+        Storage& ns = storages_[n];
+        if (ns.resident || ns.banished || ns.mark == mark) continue;
+        c_.storage_accesses += 1;
+        if (add || ns.mark != up) sum += ns.cost;
+        ns.mark = mark;
+        stack.push_back(n);
+      }
+    }
+  };
+  walk(up, /*ancestors=*/true, /*add=*/true);
+  // Descendants: a storage already counted as an ancestor (only possible when
+  // views make the storage graph cyclic) is counted once.
+  const uint64_t down = ++stamp_;
+  walk(down, /*ancestors=*/false, /*add=*/false);
+  s.full_cost = sum;
+  s.full_dirty = false;
+  return sum;
+}
+
+void Core::dirty_frontier(int sid) {
+  // Every resident storage whose e* can change when `sid` flips between
+  // resident and evicted is joined to it by a directed path of evicted storages.
+  storages_[sid].full_dirty = true;
+  std::vector<int> stack;
+  for (int dir = 0; dir < 2; ++dir) {
+    const uint64_t mark = ++stamp_;
+    stack.assign(1, sid);
+    while (!stack.empty()) {
+      int x = stack.back();
+      stack.pop_back();
+      const std::vector<int>& nbrs = dir == 0 ? storages_[x].deps : storages_[x].dependents;
+      for (int n : nbrs) {
+        Storage& ns = storages_[n];
+        if (ns.mark == mark) continue;
+        ns.mark = mark;
+        c_.storage_accesses += 1;
+        if (ns.resident) ns.full_dirty = true;
+        else if (!ns.banished) stack.push_back(n);
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Invariants
+
+void Core::check() const {
+  auto fail = [](const std::string& m) { throw std::logic_error("core invariant violated: " + m); };
+  int64_t mem = 0;
+  for (size_t sid = 0; sid < storages_.size(); ++sid) {
+    const Storage& s = storages_[sid];
+    std::string name = "storage " + std::to_string(sid);
+    if (s.resident) mem += s.size;
+    bool evictable = s.resident && s.locks == 0 && !s.pinned;
+    if (evictable != (s.pool_pos >= 0)) fail(name + ": pool membership disagrees with evictability");
+    if (s.pool_pos >= 0 && (s.pool_pos >= int(pool_.size()) || pool_[s.pool_pos] != int(sid)))
+      fail(name + ": pool position is stale");
+    if (s.locks < 0) fail(name + ": negative lock count");
+    if (s.pinned && (!s.resident || s.locks < 1)) fail(name + ": pinned but not resident and locked");
+    if (cfg_.cost == CostMode::EqClass && !s.resident && !s.banished && s.uf < 0)
+      fail(name + ": evicted storage without an eqclass node");
+    if (s.resident && s.uf >= 0) fail(name + ": resident storage still has an eqclass node");
+    if (s.banished && s.resident) fail(name + ": banished but resident");
+    int64_t refs = 0;
+    for (int t : s.tensors) {
+      const Tensor& x = tensors_[t];
+      if (x.storage != int(sid)) fail(name + ": tensor list is inconsistent");
+      if (x.defined && !s.resident) fail("tensor " + std::to_string(t) + " defined on an evicted storage");
+      if (x.refs < 0) fail("tensor " + std::to_string(t) + " has negative refs");
+      refs += x.refs;
+    }
+    if (refs != s.refs) fail(name + ": refs differ from the sum over its tensors");
+    double cost = 0;
+    for (int o : s.ops) cost += ops_[o].cost;
+    if (std::abs(cost - s.cost) > 1e-9 * std::max(1.0, std::abs(cost))) fail(name + ": cached cost is stale");
+    for (int d : s.deps)
+      if (!contains(storages_[d].dependents, int(sid))) fail(name + ": dependency edge not mirrored");
+  }
+  if (mem != c_.memory) fail("memory counter " + std::to_string(c_.memory) + " != resident bytes " + std::to_string(mem));
+  if (c_.peak_memory < c_.memory) fail("peak below current memory");
+  if (cfg_.budget >= 0 && c_.memory > cfg_.budget) fail("memory above budget");
+  for (size_t r = 0; r < uf_.size(); ++r)
+    if (uf_[r].parent < 0 || uf_[r].parent >= int(uf_.size())) fail("union-find parent out of range");
+}
+
+}  // namespace dtr

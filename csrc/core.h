@@ -1,0 +1,210 @@
+// core.h - the DTR eviction core: storages, tensors, operators, heuristics.
+//
+// Torch-free: it only sees ids, byte sizes and costs. Two drivers use it: the
+// log replayer (dtr.sim, a virtual clock) and the PyTorch runtime (dtr.runtime,
+// which carries out the core's decisions on real storages through callbacks).
+//
+// Model (simrd, section 4): a *storage* is a buffer of bytes; a *tensor* is a
+// view of one storage, produced by one operator; an *operator* maps input
+// tensors to output tensors at some cost. The root tensor of a storage is the
+// one whose operator allocates it; alias tensors (views) add no bytes. Eviction
+// and rematerialization are per storage: evicting a storage undefines every
+// tensor viewing it; rematerializing a tensor reruns its operator (recursively
+// rematerializing its inputs first).
+//
+// Invariants (checked by Core::check()):
+//  * memory == sum of sizes of resident storages; peak >= memory;
+//  * a storage is in the pool iff it is resident, unlocked and not pinned;
+//  * a defined tensor's storage is resident;
+//  * a storage with an eviction component node is evicted, and vice versa;
+//  * refs(S) == sum of refs of its tensors.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <limits>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace dtr {
+
+// Which compute-cost term a heuristic uses (simrd section 4.3).
+enum class CostMode : int { None = 0, Local = 1, EqClass = 2, Full = 3 };
+
+struct Config {
+  int64_t budget = -1;          // bytes; negative = no limit
+  CostMode cost = CostMode::EqClass;
+  bool use_size = true;         // divide by size(S)
+  bool use_staleness = true;    // divide by stale(S)
+  bool random = false;          // uniform choice over the pool (seeded)
+  bool banish = false;          // banish on last release instead of eager eviction
+  bool eager_evict = true;      // evict a storage as soon as its last handle is released
+  uint64_t seed = 0;
+  int sample = 0;               // >0: score only this many random pool members per eviction
+  double remat_limit = std::numeric_limits<double>::infinity();  // stop once remat compute passes it
+};
+
+struct Counters {
+  double base_compute = 0;      // cost of first computations
+  double remat_compute = 0;     // cost of rematerializations
+  int64_t evictions = 0;        // evictions chosen by the heuristic
+  int64_t eager_evictions = 0;  // storages evicted because their last handle died
+  int64_t banishments = 0;
+  int64_t remats = 0;           // operator recomputations
+  int64_t memory = 0;           // bytes resident now
+  int64_t peak_memory = 0;
+  int64_t storage_accesses = 0; // metadata touched by heuristic evaluation and maintenance
+  int64_t heuristic_evals = 0;
+  int64_t largest_op_bytes = 0; // max over (re)computations of outputs + inputs' own bytes
+  int64_t constant_bytes = 0;
+};
+
+// Raised when no eviction can make room. `needed` is the memory that had to be
+// resident at that moment (everything unevictable plus the request).
+struct OutOfMemory : std::runtime_error {
+  int64_t needed, budget;
+  OutOfMemory(int64_t needed_, int64_t budget_)
+      : std::runtime_error("out of memory: needed " + std::to_string(needed_) + " bytes, budget " +
+                           std::to_string(budget_)),
+        needed(needed_), budget(budget_) {}
+};
+
+// Raised when rematerialization compute passes Config::remat_limit.
+struct Thrashing : std::runtime_error {
+  double remat_compute, limit;
+  Thrashing(double rc, double lim)
+      : std::runtime_error("thrashing: rematerialization compute " + std::to_string(rc) + " passed the limit " +
+                           std::to_string(lim)),
+        remat_compute(rc), limit(lim) {}
+};
+
+class Core {
+ public:
+  explicit Core(const Config& cfg);
+
+  // --- building the graph (each call computes the operator now) -------------
+  // A pinned, non-rematerializable tensor of `size` bytes, with one reference.
+  int constant(int64_t size);
+  // outputs = op(inputs). sizes[i] bytes for output i unless alias_of[i] >= 0,
+  // the index of the input whose storage output i views. Each output starts with
+  // one reference. Returns the output tensor ids (consecutive).
+  std::vector<int> call(const std::vector<int>& inputs, const std::vector<int64_t>& sizes,
+                        const std::vector<int>& alias_of, double cost);
+  // In-place op writing inputs[j] for j in `mutated` (simrd's reference layer):
+  // a fresh copy of each mutated storage is computed from all inputs, then the
+  // old tensors lose one reference. Returns the new tensor ids.
+  std::vector<int> mutate(const std::vector<int>& inputs, const std::vector<int>& mutated, double cost);
+
+  // --- references, locks -----------------------------------------------------
+  void retain(int t);
+  void release(int t);
+  // Rematerialize `t` if it is undefined (touching nothing else).
+  void require(int t);
+  // Rematerialize `t` if needed, then lock its storage for good (output
+  // condition, escaped memory). Pinning twice is a no-op.
+  void pin(int t);
+  void lock(int s);
+  void unlock(int s);
+
+  // --- queries ----------------------------------------------------------------
+  const Counters& counters() const { return c_; }
+  double clock() const { return clock_; }
+  int64_t budget() const { return cfg_.budget; }
+  void set_budget(int64_t b) { cfg_.budget = b; }
+  void set_remat_limit(double l) { cfg_.remat_limit = l; }
+  int num_tensors() const { return int(tensors_.size()); }
+  int num_storages() const { return int(storages_.size()); }
+  int num_ops() const { return int(ops_.size()); }
+  int storage_of(int t) const { return tensors_.at(t).storage; }
+  int op_of(int t) const { return tensors_.at(t).op; }
+  bool defined(int t) const { return tensors_.at(t).defined; }
+  bool resident(int s) const { return storages_.at(s).resident; }
+  bool pinned(int s) const { return storages_.at(s).pinned; }
+  int locks(int s) const { return storages_.at(s).locks; }
+  int64_t refs(int t) const { return tensors_.at(t).refs; }
+  int64_t storage_size(int s) const { return storages_.at(s).size; }
+  double storage_cost(int s) const { return storages_.at(s).cost; }
+  int pool_size() const { return int(pool_.size()); }
+  // The score the heuristic gives storage `s` now (for tests and tracing).
+  double score(int s);
+  // Evicted-neighbourhood cost term of `s` under the configured cost mode.
+  double neighbourhood_cost(int s);
+
+  // Throws std::logic_error describing the first violated invariant.
+  void check() const;
+
+  // --- hooks for a driver that owns real memory --------------------------------
+  std::function<void(int)> on_evict;    // storage id, called after it is marked evicted
+  std::function<void(int)> on_remat;    // op id, called before an op is recomputed
+
+ private:
+  struct Tensor {
+    int storage, op, index;
+    bool alias, defined = false;
+    int64_t refs = 0;
+  };
+  struct Op {
+    double cost;
+    std::vector<int> inputs, outputs;
+    std::vector<int64_t> sizes;  // per output; 0 for aliases
+    int64_t total_size = 0;
+  };
+  struct Storage {
+    int64_t size = 0;
+    int root = -1;
+    std::vector<int> tensors;
+    std::vector<int> ops;         // distinct ops of its tensors (cost = sum of their costs)
+    std::vector<int> deps, dependents;  // storage-level dependency graph (distinct, no self)
+    int locks = 0;
+    int64_t refs = 0;
+    bool resident = false, pinned = false, banished = false, banish_pending = false;
+    double cost = 0;
+    double last_access = -std::numeric_limits<double>::infinity();
+    int pool_pos = -1;
+    uint64_t pool_seq = 0;
+    int uf = -1;                  // eqclass component node while evicted
+    double full_cost = 0;         // cached e* cost (Full mode)
+    bool full_dirty = true;
+    uint64_t mark = 0;            // DFS stamp
+  };
+  struct UFNode {
+    int parent;
+    double value;
+  };
+
+  Config cfg_;
+  Counters c_;
+  double clock_ = 0;
+  std::vector<Tensor> tensors_;
+  std::vector<Op> ops_;
+  std::vector<Storage> storages_;
+  std::vector<int> pool_;
+  uint64_t next_seq_ = 0;
+  std::vector<UFNode> uf_;
+  uint64_t stamp_ = 0;
+  std::mt19937_64 rng_;
+
+  int new_op(const std::vector<int>& inputs, const std::vector<int64_t>& sizes, const std::vector<int>& alias_of,
+             double cost);
+  void materialize(int t, bool remat);
+  void compute(int t, bool remat);
+  void make_room(int64_t bytes);
+  int choose();
+  void evict(int s, bool by_heuristic);
+  void banish(int s);
+  void try_banish(int s);
+  void pool_add(int s);
+  void pool_remove(int s);
+  double raw_score(int s);
+  int uf_find(int n);
+  void uf_merge(int a, int b);
+  double eqclass_cost(int s);
+  double full_cost(int s);
+  void dirty_frontier(int s);
+  void after_remat(int s);
+  void touch_parents(int op);
+};
+
+}  // namespace dtr

@@ -1,0 +1,585 @@
+// logparse.cpp - readers for the v1 (JSON Lines, "op") and simrd ("INSTRUCTION") logs.
+//
+// Note [Why the log reader is in C++]
+// Replaying a 50k-line log is dominated by reading it: Python's json.loads alone
+// costs about as much as the whole simulation. The reader below parses the small,
+// flat JSON objects of both formats directly into a Program, validating ids as it
+// goes, so `dtr-sim replay` spends its time simulating. Each format is a table
+// from instruction name to handler; adding an instruction is one table entry.
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <string_view>
+#include <unordered_map>
+
+#include "program.h"
+
+namespace dtr {
+namespace {
+
+// ---------------------------------------------------------------------------
+// A minimal JSON value and parser (objects, arrays, strings, numbers, literals).
+struct JValue {
+  enum Type { Null, Bool, Num, Str, Arr, Obj } type = Null;
+  bool b = false;
+  double num = 0;
+  std::string str;
+  std::vector<JValue> arr;
+  std::vector<std::pair<std::string, JValue>> obj;
+
+  const JValue* get(std::string_view key) const {
+    for (const auto& kv : obj)
+      if (kv.first == key) return &kv.second;
+    return nullptr;
+  }
+};
+
+class JsonParser {
+ public:
+  explicit JsonParser(std::string_view s) : s_(s) {}
+
+  JValue parse_document() {
+    JValue v = value(0);
+    ws();
+    if (p_ != s_.size()) fail("unexpected text after the JSON value");
+    return v;
+  }
+
+ private:
+  std::string_view s_;
+  size_t p_ = 0;
+
+  [[noreturn]] void fail(const std::string& what) {
+    throw std::invalid_argument("invalid JSON at column " + std::to_string(p_ + 1) + ": " + what);
+  }
+  void ws() {
+    while (p_ < s_.size() && (s_[p_] == ' ' || s_[p_] == '\t' || s_[p_] == '\r' || s_[p_] == '\n')) ++p_;
+  }
+  char peek() {
+    ws();
+    if (p_ >= s_.size()) fail("unexpected end of line");
+    return s_[p_];
+  }
+  void expect(char c) {
+    if (peek() != c) fail(std::string("expected '") + c + "'");
+    ++p_;
+  }
+  JValue value(int depth) {
+    if (depth > 64) fail("nesting too deep");
+    char c = peek();
+    JValue v;
+    if (c == '{') {
+      v.type = JValue::Obj;
+      ++p_;
+      if (peek() == '}') { ++p_; return v; }
+      for (;;) {
+        if (peek() != '"') fail("expected a string key");
+        std::string k = string();
+        expect(':');
+        v.obj.emplace_back(std::move(k), value(depth + 1));
+        char d = peek();
+        ++p_;
+        if (d == '}') break;
+        if (d != ',') { --p_; fail("expected ',' or '}'"); }
+      }
+    } else if (c == '[') {
+      v.type = JValue::Arr;
+      ++p_;
+      if (peek() == ']') { ++p_; return v; }
+      for (;;) {
+        v.arr.push_back(value(depth + 1));
+        char d = peek();
+        ++p_;
+        if (d == ']') break;
+        if (d != ',') { --p_; fail("expected ',' or ']'"); }
+      }
+    } else if (c == '"') {
+      v.type = JValue::Str;
+      v.str = string();
+    } else if (c == 't' || c == 'f' || c == 'n') {
+      auto lit = [&](const char* w) {
+        size_t n = std::strlen(w);
+        if (s_.substr(p_, n) != w) fail("invalid literal");
+        p_ += n;
+      };
+      if (c == 't') { lit("true"); v.type = JValue::Bool; v.b = true; }
+      else if (c == 'f') { lit("false"); v.type = JValue::Bool; }
+      else { lit("null"); }
+    } else if (c == '-' || (c >= '0' && c <= '9')) {
+      v.type = JValue::Num;
+      size_t start = p_;
+      if (s_[p_] == '-') ++p_;
+      while (p_ < s_.size() && (std::isdigit((unsigned char)s_[p_]) || s_[p_] == '.' || s_[p_] == 'e' ||
+                                s_[p_] == 'E' || s_[p_] == '+' || s_[p_] == '-'))
+        ++p_;
+      std::string tok(s_.substr(start, p_ - start));
+      char* end = nullptr;
+      v.num = std::strtod(tok.c_str(), &end);
+      if (end != tok.c_str() + tok.size()) fail("invalid number '" + tok + "'");
+    } else {
+      fail(std::string("unexpected character '") + c + "'");
+    }
+    return v;
+  }
+  std::string string() {
+    ++p_;  // opening quote
+    std::string out;
+    for (;;) {
+      if (p_ >= s_.size()) fail("unterminated string");
+      char c = s_[p_++];
+      if (c == '"') break;
+      if (c == '\\') {
+        if (p_ >= s_.size()) fail("unterminated escape");
+        char e = s_[p_++];
+        switch (e) {
+          case '"': out += '"'; break;
+          case '\\': out += '\\'; break;
+          case '/': out += '/'; break;
+          case 'b': out += '\b'; break;
+          case 'f': out += '\f'; break;
+          case 'n': out += '\n'; break;
+          case 'r': out += '\r'; break;
+          case 't': out += '\t'; break;
+          case 'u': {
+            if (p_ + 4 > s_.size()) fail("bad \\u escape");
+            unsigned cp = std::stoul(std::string(s_.substr(p_, 4)), nullptr, 16);
+            p_ += 4;
+            // ids are ASCII in practice; encode the BMP code point as UTF-8.
+            if (cp < 0x80) out += char(cp);
+            else if (cp < 0x800) { out += char(0xC0 | (cp >> 6)); out += char(0x80 | (cp & 0x3F)); }
+            else { out += char(0xE0 | (cp >> 12)); out += char(0x80 | ((cp >> 6) & 0x3F)); out += char(0x80 | (cp & 0x3F)); }
+            break;
+          }
+          default: fail("bad escape");
+        }
+      } else {
+        out += c;
+      }
+    }
+    return out;
+  }
+};
+
+// ---------------------------------------------------------------------------
+// Shared reader state: handle interning and liveness, error helpers.
+class Reader {
+ public:
+  explicit Reader(Program& prog) : prog_(prog) {}
+  int line = 0;
+
+  [[noreturn]] void error(const std::string& msg) const { throw LogError(line, msg); }
+
+  const JValue& field(const JValue& o, const char* key) const {
+    const JValue* v = o.get(key);
+    if (!v) error(std::string("missing field '") + key + "'");
+    return *v;
+  }
+  std::string str_field(const JValue& o, const char* key) const {
+    const JValue& v = field(o, key);
+    if (v.type != JValue::Str) error(std::string("field '") + key + "' must be a string");
+    return v.str;
+  }
+  // A number, or (simrd) a number written as a string.
+  double num_field(const JValue& o, const char* key) const { return as_num(field(o, key), key); }
+  double as_num(const JValue& v, const char* key) const {
+    if (v.type == JValue::Num) return v.num;
+    if (v.type == JValue::Str) {
+      char* end = nullptr;
+      double d = std::strtod(v.str.c_str(), &end);
+      if (!v.str.empty() && end == v.str.c_str() + v.str.size()) return d;
+    }
+    error(std::string("field '") + key + "' must be a number");
+  }
+  std::vector<std::string> str_list(const JValue& o, const char* key) const {
+    const JValue& v = field(o, key);
+    if (v.type != JValue::Arr) error(std::string("field '") + key + "' must be a list of ids");
+    std::vector<std::string> out;
+    for (const auto& e : v.arr) {
+      if (e.type != JValue::Str) error(std::string("field '") + key + "' must be a list of ids (strings)");
+      out.push_back(e.str);
+    }
+    return out;
+  }
+  int64_t size_value(double d, const char* key) const {
+    if (!std::isfinite(d) || d < 0) error(std::string("negative or invalid size in '") + key + "'");
+    if (d != std::floor(d)) error(std::string("size in '") + key + "' must be a whole number of bytes");
+    return int64_t(d);
+  }
+  double cost_value(double d, const char* key) const {
+    if (!std::isfinite(d) || d < 0) error(std::string("negative or invalid cost in '") + key + "'");
+    return d;
+  }
+
+  // A handle that must be live (read).
+  int use(const std::string& id) const {
+    auto it = ids_.find(id);
+    if (it == ids_.end() || !live_[it->second]) error("unknown id '" + id + "' (never defined, or already released)");
+    return it->second;
+  }
+  bool is_live(const std::string& id) const {
+    auto it = ids_.find(id);
+    return it != ids_.end() && live_[it->second];
+  }
+  // A handle that must be new (defined here).
+  int define(const std::string& id) {
+    auto it = ids_.find(id);
+    if (it != ids_.end()) {
+      if (live_[it->second]) error("id '" + id + "' is defined twice");
+      live_[it->second] = true;
+      return it->second;
+    }
+    int h = int(prog_.handle_names.size());
+    prog_.handle_names.push_back(id);
+    live_.push_back(true);
+    ids_.emplace(id, h);
+    return h;
+  }
+  void kill(int h) { live_[h] = false; }
+  int op_name(const std::string& n) {
+    auto it = names_.find(n);
+    if (it != names_.end()) return it->second;
+    int k = int(prog_.names.size());
+    prog_.names.push_back(n);
+    names_.emplace(n, k);
+    return k;
+  }
+  void emit(Instr&& ins) {
+    ins.line = pending_line_ ? pending_line_ : line;
+    prog_.instrs.push_back(std::move(ins));
+  }
+  Program& prog() { return prog_; }
+  int pending_line_ = 0;
+
+ private:
+  Program& prog_;
+  std::unordered_map<std::string, int> ids_;
+  std::vector<bool> live_;
+  std::unordered_map<std::string, int> names_;
+};
+
+// ---------------------------------------------------------------------------
+// Format v1: one self-contained JSON object per line, keyed by "op".
+class V1Reader {
+ public:
+  explicit V1Reader(Reader& r) : r_(r) {}
+
+  void line(const JValue& o) {
+    if (o.type != JValue::Obj) r_.error("each line must be a JSON object");
+    std::string op = r_.str_field(o, "op");
+    static const std::unordered_map<std::string, void (V1Reader::*)(const JValue&)> table = {
+        {"meta", &V1Reader::meta},         {"constant", &V1Reader::constant}, {"call", &V1Reader::call},
+        {"mutate", &V1Reader::mutate},     {"copy", &V1Reader::copy},         {"copyfrom", &V1Reader::copyfrom},
+        {"release", &V1Reader::release},
+    };
+    auto it = table.find(op);
+    if (it == table.end())
+      r_.error("unknown op '" + op + "' (valid: meta, constant, call, mutate, copy, copyfrom, release)");
+    (this->*(it->second))(o);
+    seen_instr_ = seen_instr_ || op != "meta";
+  }
+
+ private:
+  Reader& r_;
+  bool seen_instr_ = false;
+
+  void meta(const JValue& o) {
+    if (seen_instr_) r_.error("the 'meta' line must come first");
+    if (const JValue* v = o.get("version")) {
+      if (v->type != JValue::Num || v->num != 1) r_.error("unsupported log version (this reader knows version 1)");
+    }
+    if (const JValue* u = o.get("cost_unit")) {
+      if (u->type != JValue::Str) r_.error("field 'cost_unit' must be a string");
+      r_.prog().cost_unit = u->str;
+    }
+  }
+  void constant(const JValue& o) {
+    Instr ins{InstrKind::Constant};
+    ins.sizes.push_back(r_.size_value(r_.num_field(o, "size"), "size"));
+    ins.out.push_back(r_.define(r_.str_field(o, "id")));
+    r_.emit(std::move(ins));
+  }
+  void call(const JValue& o) {
+    Instr ins{InstrKind::Call};
+    ins.name = r_.op_name(r_.str_field(o, "name"));
+    ins.cost = r_.cost_value(r_.num_field(o, "cost"), "cost");
+    auto inputs = r_.str_list(o, "inputs");
+    auto outputs = r_.str_list(o, "outputs");
+    const JValue& sizes = r_.field(o, "sizes");
+    const JValue& aliases = r_.field(o, "aliases");
+    if (sizes.type != JValue::Arr || sizes.arr.size() != outputs.size())
+      r_.error("'sizes' must be a list with one size per output");
+    if (aliases.type != JValue::Arr || aliases.arr.size() != outputs.size())
+      r_.error("'aliases' must be a list with one entry (null or an input id) per output");
+    for (const auto& i : inputs) ins.in.push_back(r_.use(i));
+    for (size_t k = 0; k < outputs.size(); ++k) {
+      ins.sizes.push_back(r_.size_value(r_.as_num(sizes.arr[k], "sizes"), "sizes"));
+      const JValue& a = aliases.arr[k];
+      if (a.type == JValue::Null) {
+        ins.aliases.push_back(-1);
+      } else if (a.type == JValue::Str) {
+        int idx = -1;
+        for (size_t j = 0; j < inputs.size(); ++j)
+          if (inputs[j] == a.str) { idx = int(j); break; }
+        if (idx < 0) r_.error("output '" + outputs[k] + "' aliases '" + a.str + "', which is not an input of this call");
+        ins.aliases.push_back(idx);
+      } else {
+        r_.error("'aliases' entries must be null or an input id");
+      }
+    }
+    for (const auto& out : outputs) ins.out.push_back(r_.define(out));
+    r_.emit(std::move(ins));
+  }
+  void mutate(const JValue& o) {
+    Instr ins{InstrKind::Mutate};
+    ins.name = r_.op_name(r_.str_field(o, "name"));
+    ins.cost = r_.cost_value(r_.num_field(o, "cost"), "cost");
+    auto inputs = r_.str_list(o, "inputs");
+    for (const auto& i : inputs) ins.in.push_back(r_.use(i));
+    for (const auto& m : r_.str_list(o, "mutated")) {
+      int idx = -1;
+      for (size_t j = 0; j < inputs.size(); ++j)
+        if (inputs[j] == m) { idx = int(j); break; }
+      if (idx < 0) r_.error("mutated id '" + m + "' is not an input of this mutate");
+      ins.mutated.push_back(idx);
+    }
+    r_.emit(std::move(ins));
+  }
+  void copy(const JValue& o) {
+    Instr ins{InstrKind::Copy};
+    ins.in.push_back(r_.use(r_.str_field(o, "src")));
+    ins.out.push_back(r_.define(r_.str_field(o, "dst")));
+    r_.emit(std::move(ins));
+  }
+  void copyfrom(const JValue& o) {
+    Instr ins{InstrKind::CopyFrom};
+    ins.in.push_back(r_.use(r_.str_field(o, "src")));
+    ins.out.push_back(r_.use(r_.str_field(o, "dst")));
+    r_.emit(std::move(ins));
+  }
+  void release(const JValue& o) {
+    Instr ins{InstrKind::Release};
+    int h = r_.use(r_.str_field(o, "id"));
+    ins.in.push_back(h);
+    r_.kill(h);
+    r_.emit(std::move(ins));
+  }
+};
+
+// ---------------------------------------------------------------------------
+// The original simrd format: "INSTRUCTION"-keyed lines; CALL and CONSTANT are
+// followed by MEMORY (and, for CALL, ALIAS) lines for each output. Only what
+// follows ANNOTATE START is the step (the whole file when there is no START).
+class SimrdReader {
+ public:
+  explicit SimrdReader(Reader& r, bool has_start) : r_(r), active_(!has_start) {}
+
+  void line(const JValue& o) {
+    if (o.type != JValue::Obj) r_.error("each line must be a JSON object");
+    std::string ins = r_.str_field(o, "INSTRUCTION");
+    static const std::unordered_map<std::string, void (SimrdReader::*)(const JValue&)> table = {
+        {"ANNOTATE", &SimrdReader::annotate}, {"CONSTANT", &SimrdReader::constant},
+        {"MEMORY", &SimrdReader::memory},     {"ALIAS", &SimrdReader::alias},
+        {"CALL", &SimrdReader::call},         {"MUTATE", &SimrdReader::mutate},
+        {"COPY", &SimrdReader::copy},         {"COPY_FROM", &SimrdReader::copyfrom},
+        {"RELEASE", &SimrdReader::release},
+    };
+    auto it = table.find(ins);
+    if (it == table.end())
+      r_.error("unknown INSTRUCTION '" + ins +
+               "' (valid: ANNOTATE, CONSTANT, MEMORY, CALL, ALIAS, MUTATE, COPY, COPY_FROM, RELEASE)");
+    if (!active_ && ins != "ANNOTATE") return;
+    if (pending_ && ins != "MEMORY" && ins != "ALIAS") incomplete();
+    (this->*(it->second))(o);
+  }
+
+  void finish() {
+    if (pending_) incomplete();
+  }
+
+ private:
+  Reader& r_;
+  bool active_;
+  // The CALL / CONSTANT being assembled from its MEMORY / ALIAS lines.
+  std::unique_ptr<Instr> pending_;
+  std::vector<std::string> pending_outs_;
+  std::vector<bool> got_mem_, got_alias_;
+  int pending_line_ = 0;
+
+  [[noreturn]] void incomplete() {
+    size_t k = 0;
+    while (k < pending_outs_.size() && got_mem_[k] && got_alias_[k]) ++k;
+    r_.line = pending_line_;
+    r_.error(std::string(pending_->kind == InstrKind::Call ? "CALL" : "CONSTANT") +
+             " is not followed by the MEMORY" + (pending_->kind == InstrKind::Call ? " and ALIAS" : "") +
+             " lines of its output '" + pending_outs_[k] + "'");
+  }
+  void start(Instr&& ins, std::vector<std::string> outs) {
+    pending_ = std::make_unique<Instr>(std::move(ins));
+    pending_outs_ = std::move(outs);
+    got_mem_.assign(pending_outs_.size(), false);
+    got_alias_.assign(pending_outs_.size(), pending_->kind == InstrKind::Constant);
+    pending_->sizes.assign(pending_outs_.size(), 0);
+    if (pending_->kind == InstrKind::Call) pending_->aliases.assign(pending_outs_.size(), -1);
+    pending_line_ = r_.line;
+    maybe_complete();
+  }
+  int pending_index(const std::string& name, const char* what) {
+    if (!pending_) r_.error(std::string(what) + " for '" + name + "' does not follow a CALL or CONSTANT");
+    for (size_t k = 0; k < pending_outs_.size(); ++k)
+      if (pending_outs_[k] == name) return int(k);
+    r_.error(std::string(what) + " names '" + name + "', which is not an output of the preceding instruction");
+  }
+  void maybe_complete() {
+    for (size_t k = 0; k < pending_outs_.size(); ++k)
+      if (!got_mem_[k] || !got_alias_[k]) return;
+    int saved = r_.line;
+    r_.line = pending_line_;
+    for (const auto& out : pending_outs_) pending_->out.push_back(r_.define(out));
+    r_.line = saved;
+    r_.pending_line_ = pending_line_;
+    r_.emit(std::move(*pending_));
+    r_.pending_line_ = 0;
+    pending_.reset();
+  }
+
+  void annotate(const JValue& o) {
+    std::string a = r_.str_field(o, "ANNOTATION");
+    if (a == "START") active_ = true;
+  }
+  void constant(const JValue& o) {
+    Instr ins{InstrKind::Constant};
+    start(std::move(ins), {r_.str_field(o, "NAME")});
+  }
+  void memory(const JValue& o) {
+    std::string n = r_.str_field(o, "NAME");
+    int k = pending_index(n, "MEMORY");
+    if (got_mem_[k]) r_.error("second MEMORY line for '" + n + "'");
+    pending_->sizes[k] = r_.size_value(r_.num_field(o, "MEMORY"), "MEMORY");
+    got_mem_[k] = true;
+    maybe_complete();
+  }
+  void alias(const JValue& o) {
+    std::string n = r_.str_field(o, "NAME");
+    int k = pending_index(n, "ALIAS");
+    if (pending_->kind != InstrKind::Call) r_.error("ALIAS for '" + n + "' follows a CONSTANT");
+    if (got_alias_[k]) r_.error("second ALIAS line for '" + n + "'");
+    double a = r_.num_field(o, "ALIAS");
+    if (a != std::floor(a) || a < -1 || a >= double(pending_->in.size()))
+      r_.error("ALIAS of '" + n + "' must be -1 or the index of an argument (0.." +
+               std::to_string(int(pending_->in.size()) - 1) + ")");
+    pending_->aliases[k] = int(a);
+    got_alias_[k] = true;
+    maybe_complete();
+  }
+  void call(const JValue& o) {
+    Instr ins{InstrKind::Call};
+    ins.name = r_.op_name(r_.str_field(o, "NAME"));
+    ins.cost = r_.cost_value(r_.num_field(o, "TIME"), "TIME");
+    for (const auto& a : r_.str_list(o, "ARGS")) ins.in.push_back(r_.use(a));
+    auto outs = r_.str_list(o, "RESULT");
+    for (const auto& out : outs)
+      if (r_.is_live(out)) r_.error("id '" + out + "' is defined twice");
+    start(std::move(ins), std::move(outs));
+  }
+  void mutate(const JValue& o) {
+    Instr ins{InstrKind::Mutate};
+    ins.name = r_.op_name(r_.str_field(o, "NAME"));
+    ins.cost = r_.cost_value(r_.num_field(o, "TIME"), "TIME");
+    for (const auto& a : r_.str_list(o, "ARGS")) ins.in.push_back(r_.use(a));
+    const JValue& m = r_.field(o, "MUTATE");
+    if (m.type != JValue::Arr) r_.error("field 'MUTATE' must be a list of argument indices");
+    for (const auto& e : m.arr) {
+      double d = r_.as_num(e, "MUTATE");
+      if (d != std::floor(d) || d < 0 || d >= double(ins.in.size()))
+        r_.error("MUTATE index " + std::to_string(d) + " is not an argument index (0.." +
+                 std::to_string(int(ins.in.size()) - 1) + ")");
+      ins.mutated.push_back(int(d));
+    }
+    r_.emit(std::move(ins));
+  }
+  void copy(const JValue& o) {
+    Instr ins{InstrKind::Copy};
+    ins.in.push_back(r_.use(r_.str_field(o, "SRC")));
+    ins.out.push_back(r_.define(r_.str_field(o, "DST")));
+    r_.emit(std::move(ins));
+  }
+  void copyfrom(const JValue& o) {
+    Instr ins{InstrKind::CopyFrom};
+    ins.in.push_back(r_.use(r_.str_field(o, "SRC")));
+    ins.out.push_back(r_.use(r_.str_field(o, "DST")));
+    r_.emit(std::move(ins));
+  }
+  void release(const JValue& o) {
+    Instr ins{InstrKind::Release};
+    int h = r_.use(r_.str_field(o, "NAME"));
+    ins.in.push_back(h);
+    r_.kill(h);
+    r_.emit(std::move(ins));
+  }
+};
+
+bool blank(std::string_view s) {
+  for (char c : s)
+    if (c != ' ' && c != '\t' && c != '\r') return false;
+  return true;
+}
+
+}  // namespace
+
+Program parse_log(const std::string& text) {
+  Program prog;
+  Reader reader(prog);
+  std::string_view all(text);
+
+  // Split into lines once; detect the format from the first non-blank line.
+  std::vector<std::string_view> lines;
+  size_t pos = 0;
+  while (pos < all.size()) {
+    size_t nl = all.find('\n', pos);
+    if (nl == std::string_view::npos) nl = all.size();
+    lines.push_back(all.substr(pos, nl - pos));
+    pos = nl + 1;
+  }
+  auto parse_line = [&](size_t k) -> JValue {
+    reader.line = int(k + 1);
+    try {
+      return JsonParser(lines[k]).parse_document();
+    } catch (const std::invalid_argument& e) {
+      reader.error(e.what());
+    }
+  };
+
+  size_t first = 0;
+  while (first < lines.size() && blank(lines[first])) ++first;
+  if (first == lines.size()) throw LogError(0, "the log is empty");
+  JValue head = parse_line(first);
+  if (head.type == JValue::Obj && head.get("INSTRUCTION")) {
+    prog.format = "simrd";
+  } else if (head.type == JValue::Obj && head.get("op")) {
+    prog.format = "v1";
+    if (const JValue* op = head.get("op"); op->type == JValue::Str && op->str == "meta")
+      prog.meta_json = std::string(lines[first]);
+  } else {
+    reader.error("not a dtr log: expected a JSON object with \"op\" (format v1) or \"INSTRUCTION\" (simrd format)");
+  }
+
+  if (prog.format == "v1") {
+    V1Reader v1(reader);
+    for (size_t k = first; k < lines.size(); ++k) {
+      if (blank(lines[k])) continue;
+      v1.line(k == first ? head : parse_line(k));
+    }
+  } else {
+    bool has_start = text.find("\"START\"") != std::string::npos;
+    SimrdReader sr(reader, has_start);
+    for (size_t k = first; k < lines.size(); ++k) {
+      if (blank(lines[k])) continue;
+      sr.line(k == first ? head : parse_line(k));
+    }
+    sr.finish();
+  }
+  return prog;
+}
+
+}  // namespace dtr

@@ -1,0 +1,92 @@
+// replay.cpp - the log replayer: maps the log's handles onto core tensors.
+#include "replay.h"
+
+#include <cmath>
+
+namespace dtr {
+
+namespace {
+
+// One handler per instruction kind, indexed by InstrKind.
+struct Replayer {
+  const Program& prog;
+  Core core;
+  std::vector<int> tensor_of;  // handle -> core tensor, -1 when dead
+
+  Replayer(const Program& p, const Config& cfg) : prog(p), core(cfg), tensor_of(p.handle_names.size(), -1) {}
+
+  std::vector<int> tensors(const std::vector<int>& handles) const {
+    std::vector<int> out;
+    out.reserve(handles.size());
+    for (int h : handles) out.push_back(tensor_of[h]);
+    return out;
+  }
+  void constant(const Instr& i) { tensor_of[i.out[0]] = core.constant(i.sizes[0]); }
+  void call(const Instr& i) {
+    std::vector<int> outs = core.call(tensors(i.in), i.sizes, i.aliases, i.cost);
+    for (size_t k = 0; k < outs.size(); ++k) tensor_of[i.out[k]] = outs[k];
+  }
+  void mutate(const Instr& i) {
+    std::vector<int> outs = core.mutate(tensors(i.in), i.mutated, i.cost);
+    for (size_t k = 0; k < outs.size(); ++k) tensor_of[i.in[i.mutated[k]]] = outs[k];
+  }
+  void copy(const Instr& i) {
+    int t = tensor_of[i.in[0]];
+    core.retain(t);
+    tensor_of[i.out[0]] = t;
+  }
+  void copyfrom(const Instr& i) {
+    int t = tensor_of[i.in[0]], old = tensor_of[i.out[0]];
+    core.retain(t);  // before the release, so that `dst = dst` keeps the tensor
+    core.release(old);
+    tensor_of[i.out[0]] = t;
+  }
+  void release(const Instr& i) {
+    core.release(tensor_of[i.in[0]]);
+    tensor_of[i.in[0]] = -1;
+  }
+  void run(const Instr& i) {
+    using Handler = void (Replayer::*)(const Instr&);
+    static constexpr Handler table[] = {&Replayer::constant, &Replayer::call,     &Replayer::mutate,
+                                        &Replayer::copy,     &Replayer::copyfrom, &Replayer::release};
+    (this->*table[static_cast<int>(i.kind)])(i);
+  }
+  // simrd's output condition: every tensor still referenced is wanted.
+  void outputs() {
+    for (int t : tensor_of)
+      if (t >= 0) core.pin(t);
+  }
+};
+
+}  // namespace
+
+ReplayResult replay(const Program& prog, const Config& cfg_in, double thrash_limit, bool check) {
+  ReplayResult res;
+  res.base_total = prog.base_compute();
+  Config cfg = cfg_in;
+  if (std::isfinite(thrash_limit)) cfg.remat_limit = std::max(0.0, thrash_limit - 1.0) * res.base_total;
+  Replayer r(prog, cfg);
+  int line = 0;
+  try {
+    for (const Instr& i : prog.instrs) {
+      line = i.line;
+      r.run(i);
+      ++res.instructions;
+      if (check) r.core.check();
+    }
+    line = 0;
+    r.outputs();
+    if (check) r.core.check();
+  } catch (const OutOfMemory& e) {
+    res.status = "oom";
+    res.needed_bytes = e.needed;
+    res.failed_line = line;
+  } catch (const Thrashing&) {
+    res.status = "thrash";
+    res.failed_line = line;
+  }
+  res.counters = r.core.counters();
+  return res;
+}
+
+}  // namespace dtr

@@ -1,0 +1,147 @@
+"""The Python facade over the C++ core ``dtr._C``: the only module that imports it.
+
+Both drivers go through here: the simulator (:mod:`dtr.sim`) replays parsed
+logs, and the runtime (:mod:`dtr.runtime`) drives a :class:`Core` op by op.
+Errors from the core arrive as dtr's own exceptions.
+"""
+from __future__ import annotations
+
+import math
+from contextlib import contextmanager
+from typing import Callable, Iterator, List, Optional, Sequence
+
+from dtr import _C
+from dtr.errors import OutOfBudgetError, ThrashingError
+from dtr.heuristics import Heuristic, get_heuristic
+
+__all__ = ["Core", "Program", "make_config", "parse_program", "replay_program", "RawLogError"]
+
+Program = _C.Program
+RawLogError = _C.LogError
+
+
+def make_config(heuristic: Heuristic | str = "eqclass", budget: Optional[int] = None, *,
+                banish: bool = False, seed: int = 0, sample: int = 0,
+                remat_limit: float = math.inf) -> "_C.Config":
+    """Build the core's configuration.
+
+    Args:
+        heuristic: a :class:`Heuristic` or a registered name.
+        budget: bytes, or None for no limit.
+        banish: banish storages on their last release (simrd 4.5) instead of
+            evicting them eagerly.
+        seed: seed of the ``random`` heuristic and of sampling.
+        sample: score only this many random pool members per eviction (0: all).
+        remat_limit: stop once rematerialization compute passes this.
+
+    Raises:
+        ValueError: unknown heuristic name.
+    """
+    h = get_heuristic(heuristic) if isinstance(heuristic, str) else heuristic
+    cfg = _C.Config()
+    cfg.budget = -1 if budget is None else int(budget)
+    cfg.cost = h.cost
+    cfg.use_size = h.use_size
+    cfg.use_staleness = h.use_staleness
+    cfg.random = h.random
+    cfg.banish = banish
+    cfg.seed = seed
+    cfg.sample = sample
+    cfg.remat_limit = remat_limit
+    return cfg
+
+
+@contextmanager
+def _translated() -> Iterator[None]:
+    try:
+        yield
+    except _C.OutOfMemory as e:
+        needed, budget, _ = e.args
+        raise OutOfBudgetError(budget, needed) from None
+    except _C.Thrashing as e:
+        rc, limit, _ = e.args
+        raise ThrashingError(rc, limit) from None
+
+
+class Core:
+    """One DTR core instance: the graph of storages, tensors and ops, and the heuristic.
+
+    All ids are ints handed out by the core. Every method that may compute
+    (``constant``, ``call``, ``mutate``, ``require``, ``pin``) may evict, and
+    raises :class:`OutOfBudgetError` or :class:`ThrashingError`.
+
+    Args:
+        heuristic: a :class:`Heuristic` or registered name.
+        budget: bytes, or None for no limit.
+        **options: see :func:`make_config`.
+    """
+
+    def __init__(self, heuristic: Heuristic | str = "eqclass", budget: Optional[int] = None, **options):
+        self._core = _C.Core(make_config(heuristic, budget, **options))
+
+    def constant(self, size: int) -> int:
+        """Add a pinned, never-evicted tensor of ``size`` bytes; returns its id."""
+        with _translated():
+            return self._core.constant(size)
+
+    def call(self, inputs: Sequence[int], sizes: Sequence[int], alias_of: Sequence[int], cost: float) -> List[int]:
+        """Compute ``outputs = op(inputs)``; ``alias_of[i]`` is the input index output i views, or -1."""
+        with _translated():
+            return self._core.call(list(inputs), list(sizes), list(alias_of), float(cost))
+
+    def mutate(self, inputs: Sequence[int], mutated: Sequence[int], cost: float) -> List[int]:
+        """In-place op on ``inputs[j]`` for j in ``mutated``; returns the new tensors."""
+        with _translated():
+            return self._core.mutate(list(inputs), list(mutated), float(cost))
+
+    def require(self, t: int) -> None:
+        """Rematerialize tensor ``t`` if it is evicted."""
+        with _translated():
+            self._core.require(t)
+
+    def pin(self, t: int) -> None:
+        """Rematerialize ``t`` if needed and never evict its storage again."""
+        with _translated():
+            self._core.pin(t)
+
+    def retain(self, t: int) -> None:
+        """One more reference to ``t``."""
+        self._core.retain(t)
+
+    def release(self, t: int) -> None:
+        """One reference to ``t`` fewer; a storage with none left is freed."""
+        self._core.release(t)
+
+    def check(self) -> None:
+        """Check every invariant of the core; raises RuntimeError naming the first violated."""
+        self._core.check()
+
+    @property
+    def counters(self) -> dict:
+        """Counters: compute, evictions, remats, memory, peak, storage accesses."""
+        return self._core.counters()
+
+    @property
+    def clock(self) -> float:
+        return self._core.clock
+
+    def __getattr__(self, name: str):
+        # Read-only queries (defined, resident, storage_of, score, ...) and hooks.
+        return getattr(self._core, name)
+
+    def set_hooks(self, on_evict: Optional[Callable[[int], None]] = None,
+                  on_remat: Optional[Callable[[int], None]] = None) -> None:
+        """Callbacks for a driver that owns real memory: a storage evicted, an op to recompute."""
+        self._core.on_evict = on_evict
+        self._core.on_remat = on_remat
+
+
+def parse_program(data: bytes) -> "_C.Program":
+    """Parse a whole (decompressed) log; raises ``RawLogError(line, message)``."""
+    return _C.parse_log(data)
+
+
+def replay_program(program: "_C.Program", heuristic: Heuristic | str = "eqclass", budget: Optional[int] = None,
+                   *, thrash_limit: float = math.inf, check: bool = False, **options) -> dict:
+    """Replay a parsed program on a fresh core and return its raw result dict."""
+    return _C.replay(program, make_config(heuristic, budget, **options), float(thrash_limit), check)

@@ -1,0 +1,154 @@
+"""``dtr-sim``: the simulator's command line (a thin layer over :mod:`dtr.sim`).
+
+Exit status: 0 when the command ran (whatever the replay's status), 2 for bad
+input (a malformed log, an unknown heuristic, a bad budget), with a one-line
+message on stderr and no traceback.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from typing import Callable, Dict, List, Optional
+
+from dtr.errors import DtrError
+from dtr.heuristics import COST_MODES, Heuristic, get_heuristic, heuristic_names
+from dtr.units import format_bytes
+
+__all__ = ["main"]
+
+_COMMANDS: Dict[str, Callable[[argparse.Namespace], int]] = {}
+
+
+def _command(name: str):
+    def wrap(fn):
+        _COMMANDS[name] = fn
+        return fn
+    return wrap
+
+
+def _heuristic(args: argparse.Namespace) -> Heuristic:
+    h = get_heuristic(args.heuristic)
+    return h.ablate(cost=args.cost, size=False if args.no_size else None,
+                    staleness=False if args.no_staleness else None)
+
+
+def _positive_limit(text: str) -> float:
+    try:
+        x = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not x >= 1:
+        raise argparse.ArgumentTypeError(f"the thrash limit must be >= 1 (got {text})")
+    return x
+
+
+def _summary(d: dict) -> str:
+    budget = "none" if d["budget_bytes"] is None else f"{format_bytes(d['budget_bytes'])} ({d['budget_bytes']} B)"
+    unit = d.get("cost_unit", "")
+    lines = [
+        f"log            {d.get('log', '-')}",
+        f"heuristic      {d['heuristic']}",
+        f"budget         {budget}",
+        f"status         {d['status']}",
+        f"peak memory    {format_bytes(d['peak_bytes'])} (baseline {format_bytes(d['baseline_peak_bytes'])})",
+        f"compute        {d['total_compute']:g} {unit} of {d['base_compute']:g} base: overhead {d['overhead']:.4f}",
+        f"evictions      {d['evictions']} (plus {d.get('eager_evictions', 0)} on last release)",
+        f"remats         {d['remats']}",
+        f"storage access {d['storage_accesses']}",
+    ]
+    if d["status"] == "oom" and d.get("needed_bytes"):
+        lines.append(f"needed         at least {format_bytes(d['needed_bytes'])} ({d['needed_bytes']} B) "
+                     f"resident at once (log line {d.get('failed_line') or 'end'})")
+    if d["status"] == "thrash":
+        lines.append(f"stopped        total compute passed {d['thrash_limit']}x base "
+                     f"(log line {d.get('failed_line') or 'end'})")
+    return "\n".join(lines)
+
+
+def _emit(args: argparse.Namespace, d: dict) -> None:
+    if args.json:
+        print(json.dumps(d))
+    else:
+        print(_summary(d))
+
+
+@_command("replay")
+def _replay(args: argparse.Namespace) -> int:
+    from dtr.sim.replay import replay
+    res = replay(args.log, _heuristic(args), args.budget, thrash_limit=args.thrash_limit,
+                 banish=args.banish, seed=args.seed, sample=args.sample)
+    _emit(args, res.to_dict())
+    return 0
+
+
+@_command("chain")
+def _chain(args: argparse.Namespace) -> int:
+    from dtr.sim.chain import chain_budget, chain_log
+    from dtr.sim.logs import parse_text
+    from dtr.sim.replay import replay
+    if args.n < 1:
+        raise DtrError(f"--n must be at least 1 (got {args.n})")
+    try:
+        budget = chain_budget(args.n, args.budget)
+    except ValueError as e:
+        raise DtrError(str(e)) from None
+    log = parse_text(chain_log(args.n), path=f"<chain n={args.n}>")
+    res = replay(log, _heuristic(args), budget, thrash_limit=args.thrash_limit,
+                 banish=not args.eager, seed=args.seed, sample=args.sample)
+    d = res.to_dict()
+    d.update(n=args.n, extra_compute=res.total_compute - res.base_compute)
+    _emit(args, d)
+    return 0
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="dtr-sim", description="Replay operator logs under a memory budget (DTR).")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def common(sp: argparse.ArgumentParser, default_limit: float) -> None:
+        sp.add_argument("--heuristic", default="eqclass", choices=heuristic_names(),
+                        help="eviction heuristic (default: eqclass)")
+        sp.add_argument("--thrash-limit", type=_positive_limit, default=default_limit, metavar="X",
+                        help=f"stop once total compute passes X times the base compute (default: {default_limit:g})")
+        sp.add_argument("--cost", choices=COST_MODES, default=None, help="ablation: the cost term")
+        sp.add_argument("--no-size", action="store_true", help="ablation: ignore storage sizes")
+        sp.add_argument("--no-staleness", action="store_true", help="ablation: ignore staleness")
+        sp.add_argument("--seed", type=int, default=0, help="seed for random choices (default: 0)")
+        sp.add_argument("--sample", type=int, default=0, metavar="K",
+                        help="score only K random pool members per eviction (default: all)")
+        sp.add_argument("--json", action="store_true", help="print one JSON object")
+
+    r = sub.add_parser("replay", help="replay a log (v1 or simrd, gzip or not)")
+    r.add_argument("log", help="path to the log")
+    r.add_argument("--budget", default=None, metavar="B",
+                   help="bytes, a size (6GiB, 500MB) or N%% of the log's peak; default: no limit")
+    r.add_argument("--banish", action="store_true", help="banish on last release instead of eager eviction")
+    common(r, 3.0)
+
+    c = sub.add_parser("chain", help="the linear-chain toy model (simrd Algorithm 3)")
+    c.add_argument("--n", type=int, required=True, help="number of layers")
+    c.add_argument("--budget", required=True, metavar="{sqrt,log,INT}",
+                   help="sqrt = ceil(2 sqrt n), log = ceil(log2 n), or a number of unit tensors")
+    c.add_argument("--eager", action="store_true",
+                   help="eager eviction instead of banishing (the paper's chain runs banish)")
+    common(c, 3.0)
+    return p
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    """Run ``dtr-sim``; returns the exit status."""
+    parser = _parser()
+    args = parser.parse_args(argv)
+    try:
+        return _COMMANDS[args.command](args)
+    except (DtrError, ValueError) as e:
+        print(f"dtr-sim: error: {e}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,137 @@
+"""Reading operator logs (format v1 and the original simrd format), gzip or not.
+
+The format is detected from the content, never from the file name. Parsing is
+done by the C++ reader (see Note [Why the log reader is in C++] in
+csrc/logparse.cpp); this module adds file handling, error reporting with the
+file name, and typed records for tools that walk a log in Python.
+"""
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import zlib
+from dataclasses import dataclass
+from typing import Iterator, List, NamedTuple, Optional, Tuple
+
+from dtr.core import Program, RawLogError, parse_program
+from dtr.errors import LogFormatError
+
+__all__ = ["Log", "Record", "read_log", "read_bytes", "parse_text", "KINDS"]
+
+KINDS = ("constant", "call", "mutate", "copy", "copyfrom", "release")
+
+
+class Record(NamedTuple):
+    """One instruction of a parsed log, over the log's own string ids.
+
+    ``kind`` is one of :data:`KINDS`. For ``call``: ``outputs = name(inputs)``,
+    ``sizes[i]`` bytes per output and ``aliases[i]`` the input id output i views
+    (None when it owns a new storage). For ``mutate``: ``mutated`` lists the
+    input ids written. ``copy``/``copyfrom``: ``outputs[0] = inputs[0]``.
+    ``release``/``constant``: the id is ``inputs[0]`` / ``outputs[0]``.
+    """
+
+    kind: str
+    line: int
+    name: Optional[str]
+    cost: float
+    inputs: Tuple[str, ...]
+    outputs: Tuple[str, ...]
+    sizes: Tuple[int, ...]
+    aliases: Tuple[Optional[str], ...]
+    mutated: Tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Log:
+    """A parsed log.
+
+    Attributes:
+        path: where it was read from.
+        program: the core's parsed form (replayed without leaving C++).
+        format: ``"v1"`` or ``"simrd"``.
+        cost_unit: unit of the costs (``ns`` unless the v1 meta line says otherwise).
+        meta: the v1 meta line (empty for simrd logs).
+    """
+
+    path: str
+    program: Program
+    format: str
+    cost_unit: str
+    meta: dict
+
+    def __len__(self) -> int:
+        return len(self.program)
+
+    @property
+    def base_compute(self) -> float:
+        """Total cost of the log's operators (calls and mutations)."""
+        return self.program.base_compute()
+
+    def records(self) -> Iterator[Record]:
+        """The instructions as typed :class:`Record` s, in order."""
+        ids = self.program.handle_names
+        names = self.program.names
+        for kind, line, name, cost, ins, outs, sizes, aliases, mutated in self.program.records():
+            in_ids = tuple(ids[h] for h in ins)
+            yield Record(
+                kind=KINDS[kind], line=line, name=names[name] if name >= 0 else None, cost=cost,
+                inputs=in_ids, outputs=tuple(ids[h] for h in outs), sizes=tuple(sizes),
+                aliases=tuple(in_ids[a] if a >= 0 else None for a in aliases),
+                mutated=tuple(in_ids[j] for j in mutated))
+
+
+def read_bytes(path: str | os.PathLike) -> bytes:
+    """The decompressed bytes of a log file (gzip detected by its magic number).
+
+    Raises:
+        LogFormatError: the file is missing, unreadable or a corrupt gzip file.
+    """
+    path = os.fspath(path)
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as e:
+        raise LogFormatError(path, 0, f"cannot read the log: {e.strerror or e}") from None
+    if data[:2] == b"\x1f\x8b":
+        try:
+            data = gzip.decompress(data)
+        except (OSError, EOFError, zlib.error) as e:
+            raise LogFormatError(path, 0, f"corrupt gzip file: {e}") from None
+    return data
+
+
+def read_log(path: str | os.PathLike) -> Log:
+    """Read and validate a log.
+
+    Args:
+        path: a v1 or simrd log, optionally gzip-compressed, any file name.
+
+    Returns:
+        The parsed :class:`Log`.
+
+    Raises:
+        LogFormatError: names the file, the line and what is wrong with it.
+    """
+    path = os.fspath(path)
+    data = read_bytes(path)
+    try:
+        program = parse_program(data)
+    except RawLogError as e:
+        line, reason = e.args
+        raise LogFormatError(path, line, reason) from None
+    meta = json.loads(program.meta_json) if program.meta_json else {}
+    return Log(path=path, program=program, format=program.format, cost_unit=program.cost_unit, meta=meta)
+
+
+def parse_text(text: str, path: str = "<string>") -> Log:
+    """Parse a log held in a string (tests, generated logs)."""
+    try:
+        program = parse_program(text.encode())
+    except RawLogError as e:
+        line, reason = e.args
+        raise LogFormatError(path, line, reason) from None
+    meta = json.loads(program.meta_json) if program.meta_json else {}
+    return Log(path=path, program=program, format=program.format, cost_unit=program.cost_unit, meta=meta)
+
