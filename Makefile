@@ -1,0 +1,35 @@
+# The two set-up-and-go commands (see README):
+#   make demo   - create .venv, install dtr, run the simulator demo
+#   make test   - create .venv, install dtr with test extras, run the whole test suite
+PYTHON ?= python3
+VENV   ?= .venv
+PY      = $(VENV)/bin/python
+PIP     = $(PY) -m pip
+# The CPU build of torch, pinned: an unpinned torch pulls a multi-GB CUDA build.
+TORCH  ?= torch==2.13.0
+
+.PHONY: venv demo test bench clean
+
+$(VENV)/.installed: pyproject.toml setup.py $(wildcard csrc/*.cpp csrc/*.h)
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q "$(TORCH)"
+	$(PIP) install -q setuptools wheel "pybind11>=2.10"
+	$(PIP) install -q --no-build-isolation -e ".[test]"
+	touch $@
+
+venv: $(VENV)/.installed
+
+demo: venv
+	$(VENV)/bin/dtr-sim chain --n 1024 --budget sqrt --heuristic dtr
+	@echo
+	$(VENV)/bin/dtr-sim replay tests/data/small.jsonl --budget 78%
+
+test: venv
+	$(PY) -m pytest -q
+
+bench: venv
+	$(PY) benchmarks/bench_sim.py
+
+clean:
+	rm -rf build $(VENV) *.egg-info dtr/*.so
