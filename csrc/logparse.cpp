@@ -248,6 +248,16 @@ class Reader {
     ins.line = pending_line_ ? pending_line_ : line;
     prog_.instrs.push_back(std::move(ins));
   }
+  // copy / copyfrom (src -> dst) and release (src only): the same in both formats.
+  void handle_op(InstrKind kind, const JValue& o, const char* src_key, const char* dst_key) {
+    Instr ins{kind};
+    const int src = use(str_field(o, src_key));
+    ins.in.push_back(src);
+    if (kind == InstrKind::Copy) ins.out.push_back(define(str_field(o, dst_key)));
+    if (kind == InstrKind::CopyFrom) ins.out.push_back(use(str_field(o, dst_key)));
+    if (kind == InstrKind::Release) kill(src);
+    emit(std::move(ins));
+  }
   Program& prog() { return prog_; }
   int pending_line_ = 0;
 
@@ -345,25 +355,9 @@ class V1Reader {
     }
     r_.emit(std::move(ins));
   }
-  void copy(const JValue& o) {
-    Instr ins{InstrKind::Copy};
-    ins.in.push_back(r_.use(r_.str_field(o, "src")));
-    ins.out.push_back(r_.define(r_.str_field(o, "dst")));
-    r_.emit(std::move(ins));
-  }
-  void copyfrom(const JValue& o) {
-    Instr ins{InstrKind::CopyFrom};
-    ins.in.push_back(r_.use(r_.str_field(o, "src")));
-    ins.out.push_back(r_.use(r_.str_field(o, "dst")));
-    r_.emit(std::move(ins));
-  }
-  void release(const JValue& o) {
-    Instr ins{InstrKind::Release};
-    int h = r_.use(r_.str_field(o, "id"));
-    ins.in.push_back(h);
-    r_.kill(h);
-    r_.emit(std::move(ins));
-  }
+  void copy(const JValue& o) { r_.handle_op(InstrKind::Copy, o, "src", "dst"); }
+  void copyfrom(const JValue& o) { r_.handle_op(InstrKind::CopyFrom, o, "src", "dst"); }
+  void release(const JValue& o) { r_.handle_op(InstrKind::Release, o, "id", nullptr); }
 };
 
 // ---------------------------------------------------------------------------
@@ -498,25 +492,9 @@ class SimrdReader {
     }
     r_.emit(std::move(ins));
   }
-  void copy(const JValue& o) {
-    Instr ins{InstrKind::Copy};
-    ins.in.push_back(r_.use(r_.str_field(o, "SRC")));
-    ins.out.push_back(r_.define(r_.str_field(o, "DST")));
-    r_.emit(std::move(ins));
-  }
-  void copyfrom(const JValue& o) {
-    Instr ins{InstrKind::CopyFrom};
-    ins.in.push_back(r_.use(r_.str_field(o, "SRC")));
-    ins.out.push_back(r_.use(r_.str_field(o, "DST")));
-    r_.emit(std::move(ins));
-  }
-  void release(const JValue& o) {
-    Instr ins{InstrKind::Release};
-    int h = r_.use(r_.str_field(o, "NAME"));
-    ins.in.push_back(h);
-    r_.kill(h);
-    r_.emit(std::move(ins));
-  }
+  void copy(const JValue& o) { r_.handle_op(InstrKind::Copy, o, "SRC", "DST"); }
+  void copyfrom(const JValue& o) { r_.handle_op(InstrKind::CopyFrom, o, "SRC", "DST"); }
+  void release(const JValue& o) { r_.handle_op(InstrKind::Release, o, "NAME", nullptr); }
 };
 
 bool blank(std::string_view s) {

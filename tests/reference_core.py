@@ -80,7 +80,7 @@ class _Node:
 
 class _Storage:
     __slots__ = ("size", "tensors", "ops", "cost", "deps", "dependents", "locks", "refs",
-                 "resident", "pinned", "last_access", "node")
+                 "resident", "pinned", "last_access", "node", "computed")
 
     def __init__(self, size: int):
         self.size = size
@@ -95,12 +95,15 @@ class _Storage:
         self.pinned = False
         self.last_access = -math.inf
         self.node: Optional[_Node] = None
+        self.computed = False  # has been resident at least once
 
 
 class RefCore:
     """Reference DTR core. ``budget`` None means unlimited."""
 
-    def __init__(self, heuristic: str, budget: Optional[int] = None, remat_limit: float = math.inf):
+    def __init__(self, heuristic: str, budget: Optional[int] = None, remat_limit: float = math.inf,
+                 pending_evicted: bool = False):
+        self.pending_evicted = pending_evicted
         self.cost_mode, self.use_size, self.use_staleness = HEURISTICS[heuristic]
         self.budget = budget
         self.remat_limit = remat_limit
@@ -253,7 +256,7 @@ class RefCore:
                 c["memory"] -= op.sizes[tu.index]  # a duplicate: freed at once
             s = self.storages[tu.storage]
             if not s.resident:
-                s.resident = True
+                s.resident = s.computed = True
                 fresh.append(tu.storage)
             tu.defined = True
         for s_id in fresh:
@@ -303,8 +306,16 @@ class RefCore:
                     roots.append(r)
         return sum(r.value for r in roots)
 
+    def _evicted(self, s_id: int) -> bool:
+        s = self.storages[s_id]
+        return not s.resident and (s.computed or self.pending_evicted)
+
     def evicted_neighbourhood(self, s_id: int) -> set:
-        """e*(S): evicted storages reachable through evicted deps, union through evicted dependents."""
+        """e*(S): evicted storages reachable through evicted deps, union through evicted dependents.
+
+        The outputs of the call in progress (created, never yet computed) are
+        not evicted, unless ``pending_evicted`` (simrd's ``not material``).
+        """
         result: set = set()
         for attr in ("deps", "dependents"):
             seen: set = set()
@@ -312,7 +323,7 @@ class RefCore:
             while stack:
                 x = stack.pop()
                 for y in getattr(self.storages[x], attr):
-                    if y not in seen and not self.storages[y].resident:
+                    if y not in seen and self._evicted(y):
                         seen.add(y)
                         stack.append(y)
             result |= seen
