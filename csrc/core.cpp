@@ -67,6 +67,13 @@ int Core::new_op(const std::vector<int>& inputs, const std::vector<int64_t>& siz
     op.outputs.push_back(tid);
   }
   ops_.push_back(std::move(op));
+  // Note [Outputs in progress]: until it is computed, a new output storage is
+  // not resident, so it belongs to the evicted neighbourhood of the resident
+  // storages it is joined to through evicted ones (simrd counts it, as for any
+  // storage that is "not material"). Their cached e* costs are stale now.
+  if (cfg_.cost == CostMode::Full)
+    for (int t : ops_[op_id].outputs)
+      if (!storages_[tensors_[t].storage].resident) dirty_frontier(tensors_[t].storage);
   return op_id;
 }
 
@@ -224,6 +231,8 @@ void Core::materialize(int t0, bool remat0) {
     make_room(ops_[op_id].total_size);
     compute(t, remat);
     for (int p : ops_[op_id].inputs) unlock(tensors_[p].storage);
+    for (int p : ops_[op_id].inputs)  // an input waiting for its dependents to come back
+      if (storages_[tensors_[p].storage].banish_pending) try_banish(tensors_[p].storage);
     if (c_.remat_compute > cfg_.remat_limit) throw Thrashing(c_.remat_compute, cfg_.remat_limit);
   }
 }
@@ -251,6 +260,10 @@ void Core::compute(int t, bool remat) {
   std::vector<int> fresh;  // storages that become resident now
   for (int u : op.outputs) {
     Storage& s = storages_[tensors_[u].storage];
+    if (s.banished) {  // a banished sibling is recomputed too, and freed at once
+      c_.memory -= op.sizes[tensors_[u].index];
+      continue;
+    }
     if (!s.resident) {
       s.resident = true;
       fresh.push_back(tensors_[u].storage);
@@ -272,8 +285,6 @@ void Core::after_remat(int sid) {
   }
   if (cfg_.cost == CostMode::Full) dirty_frontier(sid);
   s.full_dirty = true;
-  for (int d : s.deps)  // a parent waiting for its evicted dependents to come back
-    if (storages_[d].banish_pending) try_banish(d);
 }
 
 // ---------------------------------------------------------------------------
@@ -395,11 +406,23 @@ void Core::evict(int sid, bool by_heuristic) {
 void Core::try_banish(int sid) {
   Storage& s = storages_[sid];
   if (s.banished || s.refs > 0) return;
-  for (int d : s.dependents)
-    if (!storages_[d].resident && !storages_[d].banished) {
+  // Banishing needs every tensor that depends on S to be defined: an evicted
+  // dependent storage, or an undefined view on a resident one (views come back
+  // by rerunning their op, which reads S), would need S again.
+  for (int d : s.dependents) {
+    const Storage& ds = storages_[d];
+    if (ds.banished) continue;
+    bool needs = !ds.resident;
+    for (size_t k = 0; k < ds.tensors.size() && !needs; ++k) {
+      const Tensor& x = tensors_[ds.tensors[k]];
+      if (x.defined) continue;
+      for (int u : ops_[x.op].inputs) needs = needs || tensors_[u].storage == sid;
+    }
+    if (needs) {
       s.banish_pending = true;
       return;
     }
+  }
   banish(sid);
 }
 

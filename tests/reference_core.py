@@ -102,7 +102,7 @@ class RefCore:
     """Reference DTR core. ``budget`` None means unlimited."""
 
     def __init__(self, heuristic: str, budget: Optional[int] = None, remat_limit: float = math.inf,
-                 pending_evicted: bool = False):
+                 pending_evicted: bool = True):
         self.pending_evicted = pending_evicted
         self.cost_mode, self.use_size, self.use_staleness = HEURISTICS[heuristic]
         self.budget = budget
@@ -193,6 +193,21 @@ class RefCore:
         if not self.storages[s_id].pinned:
             self._lock(s_id)
             self.storages[s_id].pinned = True
+
+    def check(self) -> None:
+        """The reference's own invariants (between ops)."""
+        resident = [s for s in self.storages if s.resident]
+        assert self.counters["memory"] == sum(s.size for s in resident), "memory != resident bytes"
+        pool = {i for i, s in enumerate(self.storages) if s.resident and not s.pinned and s.locks == 0}
+        assert set(self.pool) == pool, "pool != resident, unlocked, unpinned storages"
+        for i, s in enumerate(self.storages):
+            assert s.locks == (1 if s.pinned else 0), f"storage {i}: locks held between ops"
+            assert s.refs == sum(self.tensors[t].refs for t in s.tensors)
+            assert (s.node is not None) == (self.cost_mode == "eqclass" and s.computed and not s.resident)
+            if s.resident:
+                assert not self.tensors[s.tensors[0]].is_alias and self.tensors[s.tensors[0]].defined
+            else:
+                assert not any(self.tensors[t].defined for t in s.tensors)
 
     # ------------------------------------------------------------ internals
     def _pool_add(self, s_id: int) -> None:
