@@ -63,6 +63,8 @@ int Core::new_op(const std::vector<int>& inputs, const std::vector<int64_t>& siz
       if (su == sid || contains(s.deps, su)) continue;
       s.deps.push_back(su);
       storages_[su].dependents.push_back(sid);
+      if (storages_[su].uf >= 0) s.uf_nbrs += 1;
+      if (s.uf >= 0) storages_[su].uf_nbrs += 1;
     }
     op.outputs.push_back(tid);
   }
@@ -282,6 +284,7 @@ void Core::after_remat(int sid) {
     int r = uf_find(s.uf);
     uf_[r].value -= s.cost;  // simrd's splitting over-approximation
     s.uf = -1;
+    count_uf_nbrs(sid, -1);
   }
   if (cfg_.cost == CostMode::Full) dirty_frontier(sid);
   s.full_dirty = true;
@@ -398,6 +401,7 @@ void Core::evict(int sid, bool by_heuristic) {
     };
     merge_with(storages_[sid].deps);
     merge_with(storages_[sid].dependents);
+    count_uf_nbrs(sid, +1);
   }
   if (cfg_.cost == CostMode::Full) dirty_frontier(sid);
   if (on_evict) on_evict(sid);
@@ -481,8 +485,14 @@ void Core::uf_merge(int a, int b) {
   uf_[rb].value += uf_[ra].value;
 }
 
+void Core::count_uf_nbrs(int sid, int delta) {
+  for (int n : storages_[sid].deps) storages_[n].uf_nbrs += delta;
+  for (int n : storages_[sid].dependents) storages_[n].uf_nbrs += delta;
+}
+
 double Core::eqclass_cost(int sid) {
   const Storage& s = storages_[sid];
+  if (s.uf_nbrs == 0) return 0.0;  // no evicted neighbour: the common case
   int roots[16];
   int nroots = 0;
   std::vector<int> more;
@@ -598,8 +608,13 @@ void Core::check() const {
     double cost = 0;
     for (int o : s.ops) cost += ops_[o].cost;
     if (std::abs(cost - s.cost) > 1e-9 * std::max(1.0, std::abs(cost))) fail(name + ": cached cost is stale");
-    for (int d : s.deps)
+    int uf_nbrs = 0;
+    for (int d : s.deps) {
       if (!contains(storages_[d].dependents, int(sid))) fail(name + ": dependency edge not mirrored");
+      uf_nbrs += storages_[d].uf >= 0;
+    }
+    for (int d : s.dependents) uf_nbrs += storages_[d].uf >= 0;
+    if (uf_nbrs != s.uf_nbrs) fail(name + ": count of neighbours with an eqclass node is stale");
   }
   if (mem != c_.memory) fail("memory counter " + std::to_string(c_.memory) + " != resident bytes " + std::to_string(mem));
   if (c_.peak_memory < c_.memory) fail("peak below current memory");

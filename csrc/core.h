@@ -165,6 +165,7 @@ class Core {
     int pool_pos = -1;
     uint64_t pool_seq = 0;
     int uf = -1;                  // eqclass component node while evicted
+    int uf_nbrs = 0;              // neighbour edges (deps + dependents) to storages with a node
     double full_cost = 0;         // cached e* cost (Full mode)
     bool full_dirty = true;
     uint64_t mark = 0;            // DFS stamp
@@ -205,6 +206,7 @@ class Core {
   void dirty_frontier(int s);
   void after_remat(int s);
   void touch_parents(int op);
+  void count_uf_nbrs(int sid, int delta);
 };
 
 }  // namespace dtr
