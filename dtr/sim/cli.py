@@ -45,7 +45,9 @@ def _positive_limit(text: str) -> float:
 
 
 def _summary(d: dict) -> str:
-    budget = "none" if d["budget_bytes"] is None else f"{format_bytes(d['budget_bytes'])} ({d['budget_bytes']} B)"
+    budget = "none" if d["budget_bytes"] is None else format_bytes(d["budget_bytes"])
+    if d["budget_bytes"] is not None and d["budget_bytes"] >= 1024:
+        budget += f" ({d['budget_bytes']} B)"
     unit = d.get("cost_unit", "")
     lines = [
         f"log            {d.get('log', '-')}",
