@@ -122,7 +122,14 @@ PYBIND11_MODULE(_C, m) {
       .def("neighbourhood_cost", &Core::neighbourhood_cost)
       .def("check", &Core::check)
       .def_readwrite("on_evict", &Core::on_evict)
-      .def_readwrite("on_remat", &Core::on_remat);
+      .def_readwrite("on_compute", &Core::on_compute)
+      .def("op_inputs", &Core::op_inputs)
+      .def("op_outputs", &Core::op_outputs)
+      .def("op_sizes", &Core::op_sizes)
+      .def("op_cost", &Core::op_cost)
+      .def("tensor_index", &Core::tensor_index)
+      .def("is_alias", &Core::is_alias)
+      .def("storage_root", &Core::storage_root);
 
   py::class_<Program>(m, "Program")
       .def_readonly("format", &Program::format)
@@ -148,11 +155,11 @@ PYBIND11_MODULE(_C, m) {
 
   m.def(
       "replay",
-      [](const Program& prog, const Config& cfg, double thrash_limit, bool check) {
+      [](const Program& prog, const Config& cfg, double thrash_limit, bool check, bool trace) {
         ReplayResult r;
         {
           py::gil_scoped_release nogil;
-          r = replay(prog, cfg, thrash_limit, check);
+          r = replay(prog, cfg, thrash_limit, check, trace);
         }
         py::dict d = counters_dict(r.counters);
         d["status"] = r.status;
@@ -160,7 +167,14 @@ PYBIND11_MODULE(_C, m) {
         d["needed_bytes"] = r.needed_bytes;
         d["failed_line"] = r.failed_line;
         d["instructions"] = r.instructions;
+        if (trace) {
+          d["trace"] = r.trace;
+          d["op_instr"] = r.op_instr;
+          d["storage_op"] = r.storage_op;
+          d["storage_index"] = r.storage_index;
+        }
         return d;
       },
-      py::arg("program"), py::arg("config"), py::arg("thrash_limit"), py::arg("check") = false);
+      py::arg("program"), py::arg("config"), py::arg("thrash_limit"), py::arg("check") = false,
+      py::arg("trace") = false);
 }

@@ -242,7 +242,7 @@ void Core::materialize(int t0, bool remat0) {
 void Core::compute(int t, bool remat) {
   const int op_id = tensors_[t].op;
   const Op& op = ops_[op_id];
-  if (remat && on_remat) on_remat(op_id);
+  if (on_compute) on_compute(op_id, remat);
   clock_ += op.cost;
   if (remat) {
     c_.remat_compute += op.cost;
@@ -404,7 +404,7 @@ void Core::evict(int sid, bool by_heuristic) {
     count_uf_nbrs(sid, +1);
   }
   if (cfg_.cost == CostMode::Full) dirty_frontier(sid);
-  if (on_evict) on_evict(sid);
+  if (on_evict) on_evict(sid, by_heuristic);
 }
 
 void Core::try_banish(int sid) {
@@ -446,7 +446,7 @@ void Core::banish(int sid) {
     c_.memory -= s.size;
     pool_remove(sid);
     for (int t : s.tensors) tensors_[t].defined = false;
-    if (on_evict) on_evict(sid);
+    if (on_evict) on_evict(sid, false);
   }
   s.banished = true;
   c_.banishments += 1;

@@ -136,8 +136,21 @@ class Core {
   void check() const;
 
   // --- hooks for a driver that owns real memory --------------------------------
-  std::function<void(int)> on_evict;    // storage id, called after it is marked evicted
-  std::function<void(int)> on_remat;    // op id, called before an op is recomputed
+  // on_evict(storage, by_heuristic): after a storage is marked evicted (by the
+  // heuristic, or because its last reference died / it was banished).
+  std::function<void(int, bool)> on_evict;
+  // on_compute(op, remat): after room is made and before the op's outputs are
+  // marked resident; the driver (re)computes the op's outputs here.
+  std::function<void(int, bool)> on_compute;
+
+  // --- graph queries (drivers, schedule export) -------------------------------
+  const std::vector<int>& op_inputs(int op) const { return ops_.at(op).inputs; }
+  const std::vector<int>& op_outputs(int op) const { return ops_.at(op).outputs; }
+  const std::vector<int64_t>& op_sizes(int op) const { return ops_.at(op).sizes; }
+  double op_cost(int op) const { return ops_.at(op).cost; }
+  int tensor_index(int t) const { return tensors_.at(t).index; }
+  bool is_alias(int t) const { return tensors_.at(t).alias; }
+  int storage_root(int s) const { return storages_.at(s).root; }
 
  private:
   struct Tensor {

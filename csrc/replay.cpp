@@ -60,17 +60,25 @@ struct Replayer {
 
 }  // namespace
 
-ReplayResult replay(const Program& prog, const Config& cfg_in, double thrash_limit, bool check) {
+ReplayResult replay(const Program& prog, const Config& cfg_in, double thrash_limit, bool check, bool trace) {
   ReplayResult res;
   res.base_total = prog.base_compute();
   Config cfg = cfg_in;
   if (std::isfinite(thrash_limit)) cfg.remat_limit = std::max(0.0, thrash_limit - 1.0) * res.base_total;
   Replayer r(prog, cfg);
+  if (trace) {
+    r.core.on_compute = [&res](int op, bool remat) { res.trace.emplace_back(remat ? 1 : 0, op); };
+    r.core.on_evict = [&res](int s, bool by_heuristic) { res.trace.emplace_back(by_heuristic ? 2 : 3, s); };
+  }
   int line = 0;
   try {
-    for (const Instr& i : prog.instrs) {
+    for (size_t k = 0; k < prog.instrs.size(); ++k) {
+      const Instr& i = prog.instrs[k];
       line = i.line;
+      const int ops_before = r.core.num_ops();
       r.run(i);
+      if (trace)
+        for (int op = ops_before; op < r.core.num_ops(); ++op) res.op_instr.push_back(int(k));
       ++res.instructions;
       if (check) r.core.check();
     }
@@ -86,6 +94,13 @@ ReplayResult replay(const Program& prog, const Config& cfg_in, double thrash_lim
     res.failed_line = line;
   }
   res.counters = r.core.counters();
+  if (trace) {
+    for (int s = 0; s < r.core.num_storages(); ++s) {
+      int root = r.core.storage_root(s);
+      res.storage_op.push_back(r.core.op_of(root));
+      res.storage_index.push_back(r.core.tensor_index(root));
+    }
+  }
   return res;
 }
 

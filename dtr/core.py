@@ -130,10 +130,23 @@ class Core:
         return getattr(self._core, name)
 
     def set_hooks(self, on_evict: Optional[Callable[[int], None]] = None,
-                  on_remat: Optional[Callable[[int], None]] = None) -> None:
-        """Callbacks for a driver that owns real memory: a storage evicted, an op to recompute."""
-        self._core.on_evict = on_evict
-        self._core.on_remat = on_remat
+                  on_remat: Optional[Callable[[int], None]] = None,
+                  on_compute: Optional[Callable[[int, bool], None]] = None) -> None:
+        """Callbacks for a driver that owns real memory.
+
+        Args:
+            on_evict: ``f(storage)`` after any storage is evicted or freed.
+            on_remat: ``f(op)`` before an op is recomputed.
+            on_compute: ``f(op, remat)`` before any op is computed (first time or
+                again); overrides ``on_remat``.
+        """
+        self._core.on_evict = None if on_evict is None else (lambda s, by_heuristic: on_evict(s))
+        if on_compute is not None:
+            self._core.on_compute = on_compute
+        elif on_remat is not None:
+            self._core.on_compute = lambda op, remat: on_remat(op) if remat else None
+        else:
+            self._core.on_compute = None
 
 
 def parse_program(data: bytes) -> "_C.Program":
@@ -142,6 +155,14 @@ def parse_program(data: bytes) -> "_C.Program":
 
 
 def replay_program(program: "_C.Program", heuristic: Heuristic | str = "eqclass", budget: Optional[int] = None,
-                   *, thrash_limit: float = math.inf, check: bool = False, **options) -> dict:
-    """Replay a parsed program on a fresh core and return its raw result dict."""
-    return _C.replay(program, make_config(heuristic, budget, **options), float(thrash_limit), check)
+                   *, thrash_limit: float = math.inf, check: bool = False, trace: bool = False,
+                   **options) -> dict:
+    """Replay a parsed program on a fresh core and return its raw result dict.
+
+    With ``trace``, the dict also has ``trace`` (a list of ``(kind, id)``: 0 =
+    core op computed, 1 = recomputed, 2 = storage evicted by the heuristic, 3 =
+    storage freed at its last release), ``op_instr`` (core op -> instruction
+    index), ``storage_op`` and ``storage_index`` (core storage -> allocating op
+    and output position).
+    """
+    return _C.replay(program, make_config(heuristic, budget, **options), float(thrash_limit), check, trace)

@@ -12,36 +12,16 @@ import math
 import sys
 from typing import Callable, Dict, List, Optional
 
+import importlib
+
 from dtr.errors import DtrError
-from dtr.heuristics import COST_MODES, Heuristic, get_heuristic, heuristic_names
+from dtr.sim.commands import COMMANDS, add_heuristic_options, command, heuristic_from_args
 from dtr.units import format_bytes
 
-__all__ = ["main"]
+__all__ = ["main", "COMMAND_MODULES"]
 
-_COMMANDS: Dict[str, Callable[[argparse.Namespace], int]] = {}
-
-
-def _command(name: str):
-    def wrap(fn):
-        _COMMANDS[name] = fn
-        return fn
-    return wrap
-
-
-def _heuristic(args: argparse.Namespace) -> Heuristic:
-    h = get_heuristic(args.heuristic)
-    return h.ablate(cost=args.cost, size=False if args.no_size else None,
-                    staleness=False if args.no_staleness else None)
-
-
-def _positive_limit(text: str) -> float:
-    try:
-        x = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not x >= 1:
-        raise argparse.ArgumentTypeError(f"the thrash limit must be >= 1 (got {text})")
-    return x
+# Modules whose import registers more subcommands (see dtr.sim.commands).
+COMMAND_MODULES: tuple = ()
 
 
 def _summary(d: dict) -> str:
@@ -76,16 +56,33 @@ def _emit(args: argparse.Namespace, d: dict) -> None:
         print(_summary(d))
 
 
-@_command("replay")
+def _replay_args(r: argparse.ArgumentParser) -> None:
+    r.add_argument("log", help="path to the log")
+    r.add_argument("--budget", default=None, metavar="B",
+                   help="bytes, a size (6GiB, 500MB) or N%% of the log's peak; default: no limit")
+    r.add_argument("--banish", action="store_true", help="banish on last release instead of eager eviction")
+    add_heuristic_options(r)
+
+
+@command("replay", "replay a log (v1 or simrd, gzip or not)", _replay_args)
 def _replay(args: argparse.Namespace) -> int:
     from dtr.sim.replay import replay
-    res = replay(args.log, _heuristic(args), args.budget, thrash_limit=args.thrash_limit,
+    res = replay(args.log, heuristic_from_args(args), args.budget, thrash_limit=args.thrash_limit,
                  banish=args.banish, seed=args.seed, sample=args.sample)
     _emit(args, res.to_dict())
     return 0
 
 
-@_command("chain")
+def _chain_args(c: argparse.ArgumentParser) -> None:
+    c.add_argument("--n", type=int, required=True, help="number of layers")
+    c.add_argument("--budget", required=True, metavar="{sqrt,log,INT}",
+                   help="sqrt = ceil(2 sqrt n), log = ceil(log2 n), or a number of unit tensors")
+    c.add_argument("--eager", action="store_true",
+                   help="eager eviction instead of banishing (the paper's chain runs banish)")
+    add_heuristic_options(c)
+
+
+@command("chain", "the linear-chain toy model (simrd Algorithm 3)", _chain_args)
 def _chain(args: argparse.Namespace) -> int:
     from dtr.sim.chain import chain_budget, chain_log
     from dtr.sim.logs import parse_text
@@ -97,7 +94,7 @@ def _chain(args: argparse.Namespace) -> int:
     except ValueError as e:
         raise DtrError(str(e)) from None
     log = parse_text(chain_log(args.n), path=f"<chain n={args.n}>")
-    res = replay(log, _heuristic(args), budget, thrash_limit=args.thrash_limit,
+    res = replay(log, heuristic_from_args(args), budget, thrash_limit=args.thrash_limit,
                  banish=not args.eager, seed=args.seed, sample=args.sample)
     d = res.to_dict()
     d.update(n=args.n, extra_compute=res.total_compute - res.base_compute)
@@ -106,36 +103,12 @@ def _chain(args: argparse.Namespace) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
+    for module in COMMAND_MODULES:
+        importlib.import_module(module)
     p = argparse.ArgumentParser(prog="dtr-sim", description="Replay operator logs under a memory budget (DTR).")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
-
-    def common(sp: argparse.ArgumentParser, default_limit: float) -> None:
-        sp.add_argument("--heuristic", default="eqclass", choices=heuristic_names(),
-                        help="eviction heuristic (default: eqclass)")
-        sp.add_argument("--thrash-limit", type=_positive_limit, default=default_limit, metavar="X",
-                        help=f"stop once total compute passes X times the base compute (default: {default_limit:g})")
-        sp.add_argument("--cost", choices=COST_MODES, default=None, help="ablation: the cost term")
-        sp.add_argument("--no-size", action="store_true", help="ablation: ignore storage sizes")
-        sp.add_argument("--no-staleness", action="store_true", help="ablation: ignore staleness")
-        sp.add_argument("--seed", type=int, default=0, help="seed for random choices (default: 0)")
-        sp.add_argument("--sample", type=int, default=0, metavar="K",
-                        help="score only K random pool members per eviction (default: all)")
-        sp.add_argument("--json", action="store_true", help="print one JSON object")
-
-    r = sub.add_parser("replay", help="replay a log (v1 or simrd, gzip or not)")
-    r.add_argument("log", help="path to the log")
-    r.add_argument("--budget", default=None, metavar="B",
-                   help="bytes, a size (6GiB, 500MB) or N%% of the log's peak; default: no limit")
-    r.add_argument("--banish", action="store_true", help="banish on last release instead of eager eviction")
-    common(r, 3.0)
-
-    c = sub.add_parser("chain", help="the linear-chain toy model (simrd Algorithm 3)")
-    c.add_argument("--n", type=int, required=True, help="number of layers")
-    c.add_argument("--budget", required=True, metavar="{sqrt,log,INT}",
-                   help="sqrt = ceil(2 sqrt n), log = ceil(log2 n), or a number of unit tensors")
-    c.add_argument("--eager", action="store_true",
-                   help="eager eviction instead of banishing (the paper's chain runs banish)")
-    common(c, 3.0)
+    for cmd in COMMANDS.values():
+        cmd.configure(sub.add_parser(cmd.name, help=cmd.help, description=cmd.help))
     return p
 
 
@@ -144,7 +117,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     try:
-        return _COMMANDS[args.command](args)
+        return COMMANDS[args.command].run(args)
     except (DtrError, ValueError) as e:
         print(f"dtr-sim: error: {e}", file=sys.stderr)
         return 2

@@ -1,0 +1,79 @@
+"""The registry of ``dtr-sim`` subcommands and the options they share.
+
+A subcommand is a function ``run(args) -> int`` registered with
+:func:`command`, together with a function that adds its arguments. Modules
+that define subcommands are listed in :data:`dtr.sim.cli.COMMAND_MODULES`;
+they must stay light to import (no torch, matplotlib or scipy at import time).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import dataclass
+from typing import Callable, Dict
+
+from dtr.heuristics import COST_MODES, Heuristic, get_heuristic, heuristic_names
+
+__all__ = ["Command", "command", "COMMANDS", "add_heuristic_options", "heuristic_from_args", "thrash_limit_type",
+           "emit_json"]
+
+
+@dataclass(frozen=True)
+class Command:
+    """One subcommand: its name, one-line help, argument setup and body."""
+
+    name: str
+    help: str
+    configure: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[argparse.Namespace], int]
+
+
+COMMANDS: Dict[str, Command] = {}
+
+
+def command(name: str, help: str, configure: Callable[[argparse.ArgumentParser], None]):
+    """Decorator: register ``run(args) -> int`` as subcommand ``name``."""
+
+    def wrap(run: Callable[[argparse.Namespace], int]):
+        COMMANDS[name] = Command(name, help, configure, run)
+        return run
+
+    return wrap
+
+
+def thrash_limit_type(text: str) -> float:
+    """argparse type of a thrash limit: a number >= 1."""
+    try:
+        x = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not x >= 1:
+        raise argparse.ArgumentTypeError(f"the thrash limit must be >= 1 (got {text})")
+    return x
+
+
+def add_heuristic_options(sp: argparse.ArgumentParser, default_limit: float = 3.0) -> None:
+    """--heuristic, --thrash-limit, ablation switches, --seed, --sample, --json."""
+    sp.add_argument("--heuristic", default="eqclass", choices=heuristic_names(),
+                    help="eviction heuristic (default: eqclass)")
+    sp.add_argument("--thrash-limit", type=thrash_limit_type, default=default_limit, metavar="X",
+                    help=f"stop once total compute passes X times the base compute (default: {default_limit:g})")
+    sp.add_argument("--cost", choices=COST_MODES, default=None, help="ablation: the cost term")
+    sp.add_argument("--no-size", action="store_true", help="ablation: ignore storage sizes")
+    sp.add_argument("--no-staleness", action="store_true", help="ablation: ignore staleness")
+    sp.add_argument("--seed", type=int, default=0, help="seed for random choices (default: 0)")
+    sp.add_argument("--sample", type=int, default=0, metavar="K",
+                    help="score only K random pool members per eviction (default: all)")
+    sp.add_argument("--json", action="store_true", help="print JSON")
+
+
+def heuristic_from_args(args: argparse.Namespace) -> Heuristic:
+    """The heuristic named by --heuristic with the ablation switches applied."""
+    h = get_heuristic(args.heuristic)
+    return h.ablate(cost=args.cost, size=False if args.no_size else None,
+                    staleness=False if args.no_staleness else None)
+
+
+def emit_json(obj) -> None:
+    """Print one JSON document on stdout."""
+    print(json.dumps(obj))
