@@ -7,12 +7,10 @@ message on stderr and no traceback.
 from __future__ import annotations
 
 import argparse
-import json
-import math
-import sys
-from typing import Callable, Dict, List, Optional
-
 import importlib
+import json
+import sys
+from typing import List, Optional
 
 from dtr.errors import DtrError
 from dtr.sim.commands import COMMANDS, add_heuristic_options, command, heuristic_from_args
@@ -21,7 +19,7 @@ from dtr.units import format_bytes
 __all__ = ["main", "COMMAND_MODULES"]
 
 # Modules whose import registers more subcommands (see dtr.sim.commands).
-COMMAND_MODULES: tuple = ()
+COMMAND_MODULES: tuple = ("dtr.sim.cmd_schedules", "dtr.sim.cmd_experiments")
 
 
 def _summary(d: dict) -> str:

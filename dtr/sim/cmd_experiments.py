@@ -1,0 +1,1 @@
+"""dtr-sim subcommands (filled in by its module owner; registers nothing yet)."""

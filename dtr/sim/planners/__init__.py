@@ -1,0 +1,2 @@
+"""Static rematerialization planners (see dtr.sim.schedule)."""
+__all__: list = []
