@@ -91,22 +91,143 @@ int Core::constant(int64_t size) {
 
 std::vector<int> Core::call(const std::vector<int>& inputs, const std::vector<int64_t>& sizes,
                             const std::vector<int>& alias_of, double cost) {
+  const int op_id = begin_call(inputs, sizes, alias_of, {}, cost);
+  end_call(op_id, cost);
+  return ops_[op_id].outputs;
+}
+
+int Core::begin_call(const std::vector<int>& inputs, const std::vector<int64_t>& sizes,
+                     const std::vector<int>& alias_of, const std::vector<int>& inplace_of, double cost) {
   const int op_id = new_op(inputs, sizes, alias_of, cost);
-  const std::vector<int> outs = ops_[op_id].outputs;
-  for (int t : outs) {
+  Op& op = ops_[op_id];
+  op.inplace_of.assign(sizes.size(), -1);
+  for (size_t i = 0; i < inplace_of.size() && i < sizes.size(); ++i) {
+    int j = inplace_of[i];
+    if (j < 0) continue;
+    if (j >= int(inputs.size()) || alias_of[i] >= 0) throw std::invalid_argument("bad in-place output");
+    op.inplace_of[i] = j;
+    op.inplace_bytes += op.sizes[i];
+  }
+  for (int t : op.outputs) {
     tensors_[t].refs += 1;
     storages_[tensors_[t].storage].refs += 1;
   }
-  if (outs.empty()) {
-    // An op with no outputs still runs (and costs) once.
+  if (op.outputs.empty()) {  // runs (and costs) once; its inputs must be there
     touch_parents(op_id);
-    clock_ += cost;
-    c_.base_compute += cost;
-    return outs;
+    for (int u : inputs) require(u);
+    return op_id;
   }
-  materialize(outs[0], /*remat=*/false);
-  for (int t : outs) storages_[tensors_[t].storage].last_access = clock_;
-  return outs;
+  materialize(op.outputs[0], /*remat=*/false, /*stop_before_root=*/true);
+  return op_id;
+}
+
+void Core::end_call(int op_id, double cost) {
+  Op& op = ops_.at(op_id);
+  if (cost != op.cost) {
+    if (!(cost >= 0) || !std::isfinite(cost)) throw std::invalid_argument("cost must be finite and >= 0");
+    const double delta = cost - op.cost;
+    op.cost = cost;
+    std::vector<int> seen;
+    for (int t : op.outputs) {
+      const int sid = tensors_[t].storage;
+      if (contains(seen, sid)) continue;
+      seen.push_back(sid);
+      storages_[sid].cost += delta;
+      storages_[sid].full_dirty = true;
+    }
+  }
+  if (op.outputs.empty()) {
+    clock_ += op.cost;
+    c_.base_compute += op.cost;
+    return;
+  }
+  if (op.inplace_bytes > 0) {
+    // In place: the inputs are released first, then each overwritten version
+    // hands its references and its bytes over to the new one.
+    for (int p : op.inputs) unlock(tensors_[p].storage);
+    for (size_t i = 0; i < op.outputs.size(); ++i) {
+      int j = op.inplace_of[i];
+      if (j < 0) continue;
+      Tensor& old = tensors_[op.inputs[j]];
+      Tensor& fresh = tensors_[op.outputs[i]];
+      const int64_t moved = old.refs;
+      Storage& so = storages_[old.storage];
+      Storage& sn = storages_[fresh.storage];
+      sn.refs += moved - fresh.refs;
+      fresh.refs = moved;
+      so.refs -= moved;
+      old.refs = 0;
+      if (so.resident && !so.pinned && so.locks == 0) evict(old.storage, /*by_heuristic=*/false);
+    }
+    compute(op.outputs[0], /*remat=*/false);
+    for (int p : op.inputs)
+      if (storages_[tensors_[p].storage].banish_pending) try_banish(tensors_[p].storage);
+    for (int t : op.outputs) storages_[tensors_[t].storage].last_access = clock_;
+    return;
+  }
+  compute(op.outputs[0], /*remat=*/false);
+  finish(op_id, /*remat=*/false);
+  for (int t : op.outputs) storages_[tensors_[t].storage].last_access = clock_;
+}
+
+void Core::abort_call(int op_id) {
+  Op& op = ops_.at(op_id);
+  if (!op.outputs.empty())
+    for (int p : op.inputs) unlock(tensors_[p].storage);
+  for (int t : op.outputs) {
+    Tensor& x = tensors_[t];
+    Storage& s = storages_[x.storage];
+    s.refs -= x.refs;
+    x.refs = 0;
+    if (!s.resident && s.root == t) s.banished = true;  // never computed
+  }
+}
+
+std::vector<int> Core::mutate_inplace(const std::vector<int>& inputs, const std::vector<int>& mutated, double cost) {
+  return call_inplace(inputs, {}, {}, mutated, cost);
+}
+
+std::vector<int> Core::call_inplace(const std::vector<int>& inputs, const std::vector<int64_t>& sizes_in,
+                                    const std::vector<int>& alias_in, const std::vector<int>& mutated, double cost) {
+  std::vector<int64_t> sizes = sizes_in;
+  std::vector<int> alias_of = alias_in, inplace_of(sizes_in.size(), -1), which;
+  const int plain = int(sizes_in.size());
+  for (int j : mutated) {
+    if (j < 0 || j >= int(inputs.size())) throw std::invalid_argument("mutated index out of range");
+    const int sid = tensors_.at(inputs[j]).storage;
+    if (storages_[sid].pinned) {
+      protect(sid);
+      which.push_back(-1);
+      continue;
+    }
+    which.push_back(int(sizes.size()));
+    sizes.push_back(storages_[sid].size);
+    alias_of.push_back(-1);
+    inplace_of.push_back(j);
+  }
+  const int op_id = begin_call(inputs, sizes, alias_of, inplace_of, cost);
+  end_call(op_id, cost);
+  const std::vector<int>& outs = ops_[op_id].outputs;
+  std::vector<int> out(outs.begin(), outs.begin() + plain);
+  for (int k : which) out.push_back(k < 0 ? -1 : outs[k]);
+  return out;
+}
+
+void Core::protect(int sid) {
+  // Walk the storages computed from `sid` (not through constants): every one
+  // still referenced must not need `sid`'s old value again.
+  std::vector<int> stack(storages_.at(sid).dependents), live;
+  const uint64_t mark = ++stamp_;
+  while (!stack.empty()) {
+    int d = stack.back();
+    stack.pop_back();
+    Storage& s = storages_[d];
+    if (s.mark == mark || s.pinned || s.banished) continue;
+    s.mark = mark;
+    if (s.refs > 0) live.push_back(d);
+    for (int n : s.dependents) stack.push_back(n);
+  }
+  for (int d : live) pin(storages_[d].root);
 }
 
 std::vector<int> Core::mutate(const std::vector<int>& inputs, const std::vector<int>& mutated, double cost) {
@@ -141,8 +262,9 @@ void Core::release(int t) {
   if (s.refs > 0) return;
   if (cfg_.banish) {
     try_banish(sid);
-  } else if (cfg_.eager_evict && s.resident && !s.pinned && s.locks == 0) {
-    evict(sid, /*by_heuristic=*/false);
+  } else if (cfg_.eager_evict && s.resident && !s.pinned) {
+    if (s.locks == 0) evict(sid, /*by_heuristic=*/false);
+    else s.evict_on_unlock = true;  // in use by a (re)computation right now
   }
 }
 
@@ -157,7 +279,14 @@ void Core::unlock(int sid) {
   Storage& s = storages_.at(sid);
   if (s.locks <= 0) throw std::logic_error("unlock of unlocked storage " + std::to_string(sid));
   s.locks -= 1;
-  if (s.locks == 0) pool_add(sid);
+  if (s.locks > 0) return;
+  if (s.evict_on_unlock && s.refs == 0 && s.resident && !s.pinned) {
+    s.evict_on_unlock = false;
+    evict(sid, /*by_heuristic=*/false);
+    return;
+  }
+  s.evict_on_unlock = false;
+  pool_add(sid);
 }
 
 void Core::require(int t) {
@@ -187,7 +316,7 @@ void Core::touch_parents(int op_id) {
   for (int p : ops_[op_id].inputs) storages_[tensors_[p].storage].last_access = clock_;
 }
 
-void Core::materialize(int t0, bool remat0) {
+void Core::materialize(int t0, bool remat0, bool stop_before_root) {
   struct Frame {
     int t;
     bool remat;
@@ -230,13 +359,22 @@ void Core::materialize(int t0, bool remat0) {
     const bool remat = f.remat;
     stack.pop_back();
     const int op_id = tensors_[t].op;
+    if (stop_before_root && stack.empty()) {  // begin_call: the driver runs the op itself
+      make_room(ops_[op_id].total_size - ops_[op_id].inplace_bytes);
+      return;
+    }
     make_room(ops_[op_id].total_size);
     compute(t, remat);
-    for (int p : ops_[op_id].inputs) unlock(tensors_[p].storage);
-    for (int p : ops_[op_id].inputs)  // an input waiting for its dependents to come back
-      if (storages_[tensors_[p].storage].banish_pending) try_banish(tensors_[p].storage);
-    if (c_.remat_compute > cfg_.remat_limit) throw Thrashing(c_.remat_compute, cfg_.remat_limit);
+    finish(op_id, remat);
   }
+}
+
+void Core::finish(int op_id, bool remat) {
+  (void)remat;
+  for (int p : ops_[op_id].inputs) unlock(tensors_[p].storage);
+  for (int p : ops_[op_id].inputs)  // an input waiting for its dependents to come back
+    if (storages_[tensors_[p].storage].banish_pending) try_banish(tensors_[p].storage);
+  if (c_.remat_compute > cfg_.remat_limit) throw Thrashing(c_.remat_compute, cfg_.remat_limit);
 }
 
 void Core::compute(int t, bool remat) {

@@ -96,6 +96,34 @@ class Core {
   // a fresh copy of each mutated storage is computed from all inputs, then the
   // old tensors lose one reference. Returns the new tensor ids.
   std::vector<int> mutate(const std::vector<int>& inputs, const std::vector<int>& mutated, double cost);
+  // A true in-place op (the runtime's view of `x.add_(y)`): for each written
+  // input j, a new version of its storage is computed from all inputs and takes
+  // over the old version's bytes and references; the old version is evicted
+  // (its buffer now holds the new value) but stays recomputable. Needs no new
+  // memory. A written constant keeps its storage; see protect(). Returns the
+  // new tensors, -1 for constants.
+  std::vector<int> mutate_inplace(const std::vector<int>& inputs, const std::vector<int>& mutated, double cost);
+  // An op with ordinary outputs that also writes inputs[j] in place for j in
+  // `mutated` (e.g. batch norm updating running statistics). Returns the
+  // ordinary outputs followed by one new version per written input (-1 for a
+  // constant, which is protect()ed and keeps its storage).
+  std::vector<int> call_inplace(const std::vector<int>& inputs, const std::vector<int64_t>& sizes,
+                                const std::vector<int>& alias_of, const std::vector<int>& mutated, double cost);
+
+  // --- two-phase calls (a driver that runs the real op in between) -------------
+  // begin_call creates the op and its outputs (one reference each), brings the
+  // inputs back, locks them and makes room for the outputs. inplace_of[i] >= 0
+  // marks output i as a new version of input inplace_of[i] (sizes[i] is then
+  // that storage's size, and no room is made for it). Returns the op id.
+  int begin_call(const std::vector<int>& inputs, const std::vector<int64_t>& sizes, const std::vector<int>& alias_of,
+                 const std::vector<int>& inplace_of, double cost);
+  // The real op ran (and cost `cost`): account for it and unlock the inputs.
+  void end_call(int op, double cost);
+  // The real op failed: unlock the inputs and forget the outputs.
+  void abort_call(int op);
+  // Before a constant is overwritten in place: every live storage whose
+  // recomputation would read its old value is brought back and pinned.
+  void protect(int storage);
 
   // --- references, locks -----------------------------------------------------
   void retain(int t);
@@ -162,7 +190,9 @@ class Core {
     double cost;
     std::vector<int> inputs, outputs;
     std::vector<int64_t> sizes;  // per output; 0 for aliases
+    std::vector<int> inplace_of;  // per output: input index it overwrites in place, or -1
     int64_t total_size = 0;
+    int64_t inplace_bytes = 0;   // bytes of outputs that reuse an input's buffer (first compute)
   };
   struct Storage {
     int64_t size = 0;
@@ -173,6 +203,7 @@ class Core {
     int locks = 0;
     int64_t refs = 0;
     bool resident = false, pinned = false, banished = false, banish_pending = false;
+    bool evict_on_unlock = false;  // its last reference died while it was locked
     double cost = 0;
     double last_access = -std::numeric_limits<double>::infinity();
     int pool_pos = -1;
@@ -202,7 +233,8 @@ class Core {
 
   int new_op(const std::vector<int>& inputs, const std::vector<int64_t>& sizes, const std::vector<int>& alias_of,
              double cost);
-  void materialize(int t, bool remat);
+  void materialize(int t, bool remat, bool stop_before_root = false);
+  void finish(int op_id, bool remat);
   void compute(int t, bool remat);
   void make_room(int64_t bytes);
   int choose();

@@ -337,6 +337,17 @@ class V1Reader {
         r_.error("'aliases' entries must be null or an input id");
       }
     }
+    if (const JValue* m = o.get("mutated")) {  // an extension: also writes these inputs in place
+      if (m->type != JValue::Arr) r_.error("field 'mutated' must be a list of input ids");
+      for (const auto& e : m->arr) {
+        int idx = -1;
+        for (size_t j = 0; j < inputs.size() && e.type == JValue::Str; ++j)
+          if (inputs[j] == e.str) { idx = int(j); break; }
+        if (idx < 0) r_.error("mutated entries must be ids of inputs of this call");
+        ins.mutated.push_back(idx);
+      }
+      ins.inplace = true;
+    }
     for (const auto& out : outputs) ins.out.push_back(r_.define(out));
     r_.emit(std::move(ins));
   }
@@ -352,6 +363,10 @@ class V1Reader {
         if (inputs[j] == m) { idx = int(j); break; }
       if (idx < 0) r_.error("mutated id '" + m + "' is not an input of this mutate");
       ins.mutated.push_back(idx);
+    }
+    if (const JValue* ip = o.get("inplace")) {
+      if (ip->type != JValue::Bool) r_.error("field 'inplace' must be true or false");
+      ins.inplace = ip->b;
     }
     r_.emit(std::move(ins));
   }

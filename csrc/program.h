@@ -32,6 +32,7 @@ struct Instr {
   std::vector<int64_t> sizes;
   std::vector<int> aliases;   // Call: per output, index into `in` it views, or -1
   std::vector<int> mutated;   // Mutate: indices into `in`
+  bool inplace = false;       // Mutate: a true in-place write (Core::mutate_inplace), not simrd's copy
 };
 
 struct Program {

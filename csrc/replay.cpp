@@ -23,12 +23,29 @@ struct Replayer {
   }
   void constant(const Instr& i) { tensor_of[i.out[0]] = core.constant(i.sizes[0]); }
   void call(const Instr& i) {
+    if (i.inplace) {
+      const std::vector<int> ins = tensors(i.in);
+      std::vector<int> outs = core.call_inplace(ins, i.sizes, i.aliases, i.mutated, i.cost);
+      for (size_t k = 0; k < i.out.size(); ++k) tensor_of[i.out[k]] = outs[k];
+      for (size_t k = 0; k < i.mutated.size(); ++k) rebind(ins[i.mutated[k]], outs[i.out.size() + k]);
+      return;
+    }
     std::vector<int> outs = core.call(tensors(i.in), i.sizes, i.aliases, i.cost);
     for (size_t k = 0; k < outs.size(); ++k) tensor_of[i.out[k]] = outs[k];
   }
+  void rebind(int old, int fresh) {  // every handle of the old version moves to the new one
+    if (fresh < 0) return;          // a constant written in place keeps its tensor
+    for (int& t : tensor_of)
+      if (t == old) t = fresh;
+  }
   void mutate(const Instr& i) {
-    std::vector<int> outs = core.mutate(tensors(i.in), i.mutated, i.cost);
-    for (size_t k = 0; k < outs.size(); ++k) tensor_of[i.in[i.mutated[k]]] = outs[k];
+    const std::vector<int> ins = tensors(i.in);
+    std::vector<int> outs = i.inplace ? core.mutate_inplace(ins, i.mutated, i.cost)
+                                      : core.mutate(ins, i.mutated, i.cost);
+    for (size_t k = 0; k < outs.size(); ++k) {
+      if (i.inplace) rebind(ins[i.mutated[k]], outs[k]);
+      else tensor_of[i.in[i.mutated[k]]] = outs[k];
+    }
   }
   void copy(const Instr& i) {
     int t = tensor_of[i.in[0]];

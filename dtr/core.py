@@ -104,6 +104,37 @@ class Core:
         with _translated():
             self._core.pin(t)
 
+    def begin_call(self, inputs: Sequence[int], sizes: Sequence[int], alias_of: Sequence[int],
+                   inplace_of: Sequence[int], cost: float) -> int:
+        """Two-phase call, part one: create the op, bring its inputs back, lock them, make room.
+
+        ``inplace_of[i] >= 0`` marks output i as a new version of that input
+        (written in place). Returns the op id; follow with :meth:`end_call` or
+        :meth:`abort_call`.
+        """
+        with _translated():
+            return self._core.begin_call(list(inputs), list(sizes), list(alias_of), list(inplace_of), float(cost))
+
+    def end_call(self, op: int, cost: float) -> None:
+        """Two-phase call, part two: the op ran at ``cost``; account for it, unlock its inputs."""
+        with _translated():
+            self._core.end_call(op, float(cost))
+
+    def abort_call(self, op: int) -> None:
+        """The op of :meth:`begin_call` failed: unlock its inputs, forget its outputs."""
+        self._core.abort_call(op)
+
+    def protect(self, storage: int) -> None:
+        """Before a constant is written in place: pin what still needs its old value."""
+        with _translated():
+            self._core.protect(storage)
+
+    def call_inplace(self, inputs: Sequence[int], sizes: Sequence[int], alias_of: Sequence[int],
+                     mutated: Sequence[int], cost: float) -> List[int]:
+        """An op with outputs that also writes ``inputs[j]`` in place (j in ``mutated``)."""
+        with _translated():
+            return self._core.call_inplace(list(inputs), list(sizes), list(alias_of), list(mutated), float(cost))
+
     def retain(self, t: int) -> None:
         """One more reference to ``t``."""
         self._core.retain(t)

@@ -1,2 +1,4 @@
 """The PyTorch runtime: ``dtr.budget`` (a TorchDispatchMode over the C++ core)."""
-__all__: list = []
+from dtr.runtime.budget import Budget, budget
+
+__all__ = ["Budget", "budget"]

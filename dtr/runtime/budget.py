@@ -1,0 +1,144 @@
+"""``dtr.budget``: run PyTorch code within a memory budget."""
+from __future__ import annotations
+
+import math
+import os
+from typing import Optional, Union
+
+import torch
+from torch.utils._python_dispatch import _disable_current_modes
+
+from dtr.core import Core
+from dtr.heuristics import Heuristic, get_heuristic
+from dtr.runtime.costs import get_cost_model
+from dtr.runtime.mode import DTRMode
+from dtr.runtime.recorder import LogRecorder
+from dtr.units import parse_bytes
+
+__all__ = ["budget", "Budget"]
+
+
+class Budget:
+    """A memory budget for the code inside a ``with`` block (see :func:`budget`).
+
+    Attributes:
+        budget_bytes: the limit (None: no limit).
+        stats: a mapping readable during and after the block: ``evictions``,
+            ``remats``, ``remat_seconds``, ``peak_bytes`` (dtr's accounting),
+            ``budget_bytes``, ``memory_bytes``, ``base_compute``,
+            ``remat_compute``, ``eager_evictions``, ``ops``.
+    """
+
+    def __init__(self, limit: Union[None, int, str], *, heuristic: Union[str, Heuristic] = "eqclass",
+                 log: Optional[Union[str, os.PathLike]] = None, cost_model: str = "time",
+                 thrash_limit: Optional[float] = 10.0, sample: int = 0, seed: int = 0,
+                 device: Optional[Union[str, torch.device]] = None):
+        self.budget_bytes = None if limit is None else parse_bytes(limit)
+        self.heuristic = get_heuristic(heuristic) if isinstance(heuristic, str) else heuristic
+        self.cost_model = get_cost_model(cost_model)
+        if thrash_limit is not None and not thrash_limit > 1:
+            raise ValueError(f"thrash_limit must be > 1 or None (got {thrash_limit})")
+        self.thrash_limit = thrash_limit
+        self.log_path = log
+        self._options = dict(sample=sample, seed=seed)
+        self._device = torch.device(device) if device is not None else None
+        self._core: Optional[Core] = None
+        self._mode: Optional[DTRMode] = None
+        self._final: Optional[dict] = None
+
+    @property
+    def stats(self) -> dict:
+        if self._final is not None:
+            return dict(self._final)
+        if self._core is None:
+            return {"budget_bytes": self.budget_bytes}
+        return self._collect()
+
+    def _collect(self) -> dict:
+        c = self._core.counters
+        return {
+            "budget_bytes": self.budget_bytes,
+            "evictions": c["evictions"],
+            "eager_evictions": c["eager_evictions"],
+            "remats": c["remats"],
+            "remat_seconds": self._mode.remat_seconds,
+            "peak_bytes": c["peak_memory"],
+            "memory_bytes": c["memory"],
+            "base_compute": c["base_compute"],
+            "remat_compute": c["remat_compute"],
+            "cost_unit": self.cost_model.unit,
+            "ops": self._mode.ops_seen,
+        }
+
+    def __enter__(self) -> "Budget":
+        if self._mode is not None:
+            raise RuntimeError("a dtr.budget cannot be entered twice; create a new one")
+        self._core = Core(self.heuristic, self.budget_bytes, **self._options)
+        recorder = None
+        if self.log_path is not None:
+            recorder = LogRecorder(self.log_path, {
+                "cost_unit": self.cost_model.unit, "budget_bytes": self.budget_bytes,
+                "heuristic": self.heuristic.name, "recorded_by": "dtr.budget"})
+        self._mode = DTRMode(self._core, self.cost_model, recorder, self.thrash_limit, self._device)
+        self._mode.__enter__()
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        mode = self._mode
+        try:
+            mode.__exit__(exc_type, exc, tb)
+            if exc_type is None:
+                with _disable_current_modes():
+                    mode.finish()  # every tensor the program still holds is resident again
+        finally:
+            self._final = self._collect()
+            if mode.recorder is not None:
+                mode.recorder.close()
+            self._core.set_hooks()
+            # Drop dtr's references: recipes, buffers, the core.
+            mode.recipes.clear()
+            mode.phys.clear()
+            mode.version.clear()
+            mode.alive.clear()
+            self._core = None
+        return None
+
+
+def budget(limit: Union[None, int, str], *, heuristic: Union[str, Heuristic] = "eqclass",
+           log: Optional[Union[str, os.PathLike]] = None, cost_model: str = "time",
+           thrash_limit: Optional[float] = 10.0, sample: int = 0, seed: int = 0,
+           device: Optional[Union[str, torch.device]] = None) -> Budget:
+    """Run the code in a ``with`` block within ``limit`` bytes of tensor memory.
+
+    Every tensor storage the block touches on the device counts (parameters,
+    inputs, activations, gradients, optimizer state); tensors that existed
+    before the block are constants (counted, never evicted). When an op would
+    exceed the budget, dtr evicts the storages the heuristic ranks cheapest and
+    recomputes them when they are needed again.
+
+    Args:
+        limit: bytes, a string such as ``"6GiB"`` or ``"500MB"`` (KiB/MiB/GiB
+            1024-based, KB/MB/GB 1000-based), or None (no limit: track and record).
+        heuristic: a registered heuristic name (``eqclass``, ``dtr``, ``local``,
+            ``lru``, ``largest``, ``random``) or a :class:`dtr.Heuristic`.
+        log: write the block's ops as a v1 log to this path (``.gz`` compresses).
+        cost_model: ``"time"`` (measured op times, ns) or ``"flops"``
+            (deterministic; decisions are then reproducible and replayable).
+        thrash_limit: raise :class:`dtr.ThrashingError` once recomputation
+            passes ``thrash_limit - 1`` times the block's own compute (None: never).
+        sample: score only this many random pool members per eviction (0: all).
+        seed: seed of the ``random`` heuristic and of sampling.
+        device: the device whose memory is budgeted (default: that of the first
+            tensor seen).
+
+    Returns:
+        A :class:`Budget`; ``with dtr.budget(...) as b: ...`` then ``b.stats``.
+
+    Raises:
+        dtr.OutOfBudgetError: (inside the block) no eviction can make room;
+            names the budget and the memory needed.
+        dtr.ThrashingError: (inside the block) recomputation passed the limit.
+        dtr.errors.BudgetError: ``limit`` is not a size.
+    """
+    return Budget(limit, heuristic=heuristic, log=log, cost_model=cost_model, thrash_limit=thrash_limit,
+                  sample=sample, seed=seed, device=device)

@@ -1,0 +1,61 @@
+"""Which arguments an operator writes, including writes its schema does not declare.
+
+Most in-place and ``out=`` ops declare their written arguments in the schema
+(``Tensor(a!)``). A few do not: ``native_batch_norm`` updates ``running_mean``
+and ``running_var`` in training mode although its schema says nothing. Such
+writes are registered here, by decorator, one small function per op.
+"""
+from __future__ import annotations
+
+from typing import Callable, Dict, List, Sequence, Tuple
+
+import torch
+
+__all__ = ["register_writes", "written_args"]
+
+# op overload packet name -> f(args, kwargs) -> positions of written tensor args
+_HIDDEN_WRITES: Dict[str, Callable[[Sequence, dict], List[int]]] = {}
+
+
+def register_writes(*names: str):
+    """Decorator: ``f(args, kwargs) -> list of written argument positions`` for these ops."""
+
+    def wrap(fn):
+        for n in names:
+            _HIDDEN_WRITES[n] = fn
+        return fn
+
+    return wrap
+
+
+@register_writes("aten::native_batch_norm", "aten::cudnn_batch_norm", "aten::miopen_batch_norm")
+def _batch_norm_running_stats(args: Sequence, kwargs: dict) -> List[int]:
+    # (input, weight, bias, running_mean, running_var, training, momentum, eps)
+    training = args[5] if len(args) > 5 else kwargs.get("training", False)
+    return [i for i in (3, 4) if training and len(args) > i and isinstance(args[i], torch.Tensor)]
+
+
+_schema_cache: Dict[torch._ops.OpOverload, Tuple[Tuple[int, ...], Tuple[int, ...]]] = {}
+
+
+def schema_writes(func: torch._ops.OpOverload) -> Tuple[Tuple[int, ...], Tuple[int, ...]]:
+    """(positions of arguments the schema marks as written, returns that alias an input).
+
+    Cached per overload.
+    """
+    got = _schema_cache.get(func)
+    if got is None:
+        s = func._schema
+        writes = tuple(i for i, a in enumerate(s.arguments) if a.alias_info is not None and a.alias_info.is_write)
+        views = tuple(i for i, r in enumerate(s.returns) if r.alias_info is not None)
+        got = _schema_cache[func] = (writes, views)
+    return got
+
+
+def written_args(func: torch._ops.OpOverload, args: Sequence, kwargs: dict) -> List[int]:
+    """Positions (in the schema's argument order) of the tensor arguments ``func`` writes."""
+    writes = list(schema_writes(func)[0])
+    hidden = _HIDDEN_WRITES.get(func._schema.name)
+    if hidden is not None:
+        writes += [i for i in hidden(args, kwargs) if i not in writes]
+    return writes

@@ -1,0 +1,395 @@
+"""The dispatch mode that feeds every PyTorch op to the core and carries out its decisions.
+
+# Note [Evicting storages in place]
+# dtr frees a storage's bytes with ``UntypedStorage.resize_(0)`` and refills it
+# with ``resize_(n)`` plus a copy of the recomputed value, as FSDP2 does. Every
+# tensor object viewing the storage (the user's, its views, autograd's saved
+# tensors) stays valid and sees the value again once it is refilled; version
+# counters are untouched because the copy goes through a fresh tensor. A
+# wrapper-subclass design would have to wrap every tensor and unwrap it per op;
+# freeing in place costs nothing on the hot path for tensors that are resident.
+#
+# Note [Versions]
+# The core sees one tensor per *version* of a physical storage. A view is not
+# a new core tensor (it shares the storage, so it comes back with it). An
+# in-place op creates a new version that takes over the buffer; the old version
+# loses its bytes but stays recomputable into a fresh buffer if something
+# evicted still needs the old value. Recorded ops refer to their inputs by
+# version (a Slot), never by the tensor object, so a recomputation always reads
+# the value the op originally read.
+#
+# Note [Sizes before allocation]
+# The core makes room *before* an op allocates, so output sizes are needed in
+# advance: the op runs once on meta tensors and the result is cached by op and
+# input shapes/strides/dtypes, so a training loop pays for it once.
+#
+# Note [Liveness]
+# The runtime keeps one reference to every tracked storage (the
+# UntypedStorage object) and none to tensors. A storage whose use count drops
+# to that one reference is dead to the program (user variables, views and
+# autograd's saved tensors all hold references): the core is told, and it frees
+# the bytes at once. Use counts are polled every few ops and whenever room has
+# to be made, so dead storages go before live ones are evicted.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any, Dict, List, NamedTuple, Optional, Tuple
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten, tree_unflatten
+
+from dtr.core import Core
+from dtr.errors import ThrashingError
+from dtr.runtime.costs import CostModel
+from dtr.runtime.effects import written_args
+from dtr.runtime.recorder import LogRecorder
+
+__all__ = ["DTRMode", "Slot"]
+
+log = logging.getLogger("dtr.runtime")
+_use_count = torch._C._storage_Use_Count
+_POLL_EVERY = 16
+
+
+class Slot(NamedTuple):
+    """A tensor argument or output of a recorded op: a view of one storage version."""
+
+    tensor: int            # core tensor (storage version)
+    offset: int
+    size: Tuple[int, ...]
+    stride: Tuple[int, ...]
+    dtype: torch.dtype
+
+
+class Recipe(NamedTuple):
+    """What it takes to run a recorded op again."""
+
+    func: Any
+    leaves: List[Any]      # flattened (args, kwargs), tensors replaced by Slots
+    spec: Any
+    outputs: List[Tuple[int, Slot]]       # (flat output position, slot) of outputs that own a storage
+    writes: List[Tuple[int, int, int]]    # (leaf position, old version, new version or -1 for a constant)
+    rng: Optional[Tuple[Optional[torch.device], torch.Tensor]]
+
+
+def _slot(t: int, x: torch.Tensor) -> Slot:
+    return Slot(t, x.storage_offset(), tuple(x.shape), tuple(x.stride()), x.dtype)
+
+
+class _Prediction(NamedTuple):
+    sizes: Optional[List[int]]   # bytes of each output that owns a new storage (None: unknown)
+    owning: Optional[List[int]]  # their positions among the flattened outputs
+    metas: List[torch.Tensor]    # the meta outputs (shapes for cost estimates)
+
+
+class DTRMode(TorchDispatchMode):
+    """Runs ops through the DTR core. Created and entered by :class:`dtr.budget`."""
+
+    def __init__(self, core: Core, cost_model: CostModel, recorder: Optional[LogRecorder],
+                 thrash_limit: Optional[float], device: Optional[torch.device] = None):
+        super().__init__()
+        self.core = core
+        self.cost_model = cost_model
+        self.recorder = recorder
+        self.thrash_limit = thrash_limit
+        self.device_type = device.type if device is not None else None
+        self.version: Dict[int, int] = {}          # storage cdata -> core tensor (current version)
+        self.phys: Dict[int, torch.UntypedStorage] = {}   # core storage -> its buffer
+        self.recipes: Dict[int, Recipe] = {}       # core op -> recipe
+        self.handle: Dict[int, str] = {}           # core tensor -> log handle
+        self.alive: Dict[str, int] = {}            # handle -> core tensor, in creation order (non-constants)
+        self.constants: Dict[str, int] = {}
+        self.predictions: Dict[Any, _Prediction] = {}
+        self.remat_seconds = 0.0
+        self.ops_seen = 0
+        self._next_handle = 0
+        core.set_hooks(on_evict=self._on_evict, on_compute=self._on_compute)
+
+    # ----------------------------------------------------------------- tracking
+    def _trackable(self, x: Any) -> bool:
+        if not isinstance(x, torch.Tensor) or x.layout != torch.strided or x.is_meta:
+            return False
+        dev = x.device.type
+        if self.device_type is None:
+            self.device_type = dev
+        return dev == self.device_type
+
+    def _new_handle(self) -> str:
+        self._next_handle += 1
+        return f"t{self._next_handle}"
+
+    def _track(self, x: torch.Tensor) -> int:
+        """The core tensor (current version) of x's storage; a constant on first sight."""
+        st = x.untyped_storage()
+        key = st._cdata
+        t = self.version.get(key)
+        if t is None:
+            t = self.core.constant(st.nbytes())
+            self.version[key] = t
+            self.phys[self.core.storage_of(t)] = st
+            h = self.handle[t] = self._new_handle()
+            self.constants[h] = t
+            if self.recorder is not None:
+                self.recorder.constant(h, st.nbytes())
+        return t
+
+    def poll(self) -> None:
+        """Tell the core about tracked storages the program no longer references."""
+        dead = [h for h, t in self.alive.items()
+                if _use_count(self.phys[self.core.storage_of(t)]._cdata) <= 1]
+        for h in dead:
+            t = self.alive.pop(h)
+            if self.recorder is not None:
+                self.recorder.release(h)
+            self.core.release(t)
+
+    # ------------------------------------------------------------- core hooks
+    def _on_evict(self, s: int) -> None:
+        st = self.phys.get(s)
+        if st is not None:
+            st.resize_(0)
+
+    def _on_compute(self, op: int, remat: bool) -> None:
+        if remat:
+            t0 = time.perf_counter()
+            self._recompute(op)
+            self.remat_seconds += time.perf_counter() - t0
+
+    def _view(self, slot: Slot) -> torch.Tensor:
+        st = self.phys[self.core.storage_of(slot.tensor)]
+        return torch.empty(0, dtype=slot.dtype, device=st.device).set_(st, slot.offset, slot.size, slot.stride)
+
+    def _refill(self, t: int) -> torch.UntypedStorage:
+        s = self.core.storage_of(t)
+        st = self.phys[s]
+        n = self.core.storage_size(s)
+        if st.nbytes() != n:
+            st.resize_(n)
+        return st
+
+    def _recompute(self, op: int) -> None:
+        r = self.recipes[op]
+        leaves = [self._view(x) if isinstance(x, Slot) else x for x in r.leaves]
+        for pos, old, new in r.writes:
+            if new < 0:  # a constant's side effect: run it on a copy and drop it
+                leaves[pos] = leaves[pos].clone()
+            else:        # the new version starts as a copy of the old one
+                self._refill(new).copy_(self.phys[self.core.storage_of(old)])
+                leaves[pos] = self._view(r.leaves[pos]._replace(tensor=new))
+        args, kwargs = tree_unflatten(leaves, r.spec)
+        if r.rng is not None:  # replay the random op with the generator state it first saw
+            saved = _rng_state(r.rng[0] or torch.device("cpu"))
+            _set_rng_state(r.rng)
+        try:
+            out = r.func(*args, **kwargs)
+        finally:
+            if r.rng is not None:
+                _set_rng_state(saved)
+        flat = tree_flatten(out)[0]
+        for pos, slot in r.outputs:
+            s = self.core.storage_of(slot.tensor)
+            if not self.core.resident(s):  # being brought back (a resident twin is dropped)
+                self._refill(slot.tensor)
+                self._view(slot).copy_(flat[pos])
+
+    # ---------------------------------------------------------------- dispatch
+    def _predict(self, func, leaves, spec, key) -> _Prediction:
+        pred = self.predictions.get(key)
+        if pred is not None:
+            return pred
+        try:
+            meta = [torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device="meta")
+                    if isinstance(x, torch.Tensor) else x for x in leaves]
+            margs, mkwargs = tree_unflatten(meta, spec)
+            mout = tree_flatten(func(*margs, **mkwargs))[0]
+            metas = {id(x) for x in meta if isinstance(x, torch.Tensor)}
+            in_storages = {x.untyped_storage()._cdata for x in meta if isinstance(x, torch.Tensor)}
+            owning, sizes = [], []
+            for i, o in enumerate(mout):
+                if isinstance(o, torch.Tensor) and id(o) not in metas and \
+                        o.untyped_storage()._cdata not in in_storages:
+                    owning.append(i)
+                    sizes.append(o.untyped_storage().nbytes())
+            pred = _Prediction(sizes, owning, [o for o in mout if isinstance(o, torch.Tensor)])
+        except Exception:  # data-dependent or without a meta kernel: sizes known only after running
+            pred = _Prediction(None, None, [])
+        self.predictions[key] = pred
+        return pred
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        leaves, spec = tree_flatten((args, kwargs))
+        tpos = [i for i, x in enumerate(leaves) if self._trackable(x)]
+        if not tpos:
+            return self._run_untracked_inputs(func, args, kwargs, leaves, spec)
+        self.ops_seen += 1
+        core = self.core
+        ins = [self._track(leaves[i]) for i in tpos]
+
+        # Written tensors: their leaf positions, split into versions and constants.
+        plain_writes, const_writes = [], []
+        for pos in self._written_leaves(func, args, kwargs, leaves):
+            t = self.version[leaves[pos].untyped_storage()._cdata]
+            (const_writes if core.pinned(core.storage_of(t)) else plain_writes).append((pos, t))
+
+        key = (func, tuple((tuple(x.shape), tuple(x.stride()), x.dtype) if isinstance(x, torch.Tensor)
+                           else _hashable(x) for x in leaves))
+        pred = self._predict(func, leaves, spec, key)
+        if pred.sizes is None:  # no meta kernel: run it first, account for it after
+            return self._run_unpredicted(func, args, kwargs, leaves, spec, ins, tpos)
+        sizes = list(pred.sizes)
+        if self.ops_seen % _POLL_EVERY == 0 or (core.budget >= 0 and core.memory + sum(sizes) > core.budget):
+            self.poll()
+        rng = _rng_state(leaves[tpos[0]].device) if torch.Tag.nondeterministic_seeded in func.tags else None
+
+        # The core brings the inputs back, locks them and makes room; then the op runs.
+        for _, t in const_writes:
+            core.protect(core.storage_of(t))
+        inplace_of = [-1] * len(sizes) + [ins.index(t) for _, t in plain_writes]
+        all_sizes = sizes + [core.storage_size(core.storage_of(t)) for _, t in plain_writes]
+        cost = 0.0  # a view computes nothing
+        if not self.cost_model.measured and (sizes or plain_writes or const_writes):
+            cost = self.cost_model.estimate(func, args, kwargs, pred.metas)
+        op = core.begin_call(ins, all_sizes, [-1] * len(all_sizes), inplace_of, cost)
+        try:
+            out, flat_out, cost = self._execute(func, args, kwargs, cost)
+        except BaseException:
+            core.abort_call(op)
+            raise
+        self._commit(op, func, leaves, spec, ins, tpos, sizes, pred.owning, flat_out, plain_writes, const_writes,
+                     rng, cost)
+        return out
+
+    def _execute(self, func, args, kwargs, cost: float):
+        """Run the op for real; returns (result, flattened result, cost: measured, or the estimate given)."""
+        if self.cost_model.measured:
+            t0 = time.perf_counter_ns()
+            out = func(*args, **kwargs)
+            cost = float(time.perf_counter_ns() - t0)
+        else:
+            out = func(*args, **kwargs)
+        return out, tree_flatten(out)[0], cost
+
+    def _commit(self, op, func, leaves, spec, ins, tpos, sizes, owning, flat_out, plain_writes, const_writes,
+                rng, cost) -> None:
+        """Register the op's outputs and versions, record it, and finish it in the core."""
+        core = self.core
+        outs = core.op_outputs(op)
+        new_tensors = outs[:len(sizes)]
+        out_slots = []
+        for k, pos in enumerate(owning):
+            o, t = flat_out[pos], new_tensors[k]
+            st = o.untyped_storage()
+            if st.nbytes() != sizes[k]:
+                log.warning("dtr: %s allocated %d bytes where %d were predicted", func, st.nbytes(), sizes[k])
+            self.version[st._cdata] = t
+            self.phys[core.storage_of(t)] = st
+            h = self.handle[t] = self._new_handle()
+            self.alive[h] = t
+            out_slots.append((pos, _slot(t, o)))
+        writes = []
+        for k, (pos, old) in enumerate(plain_writes):
+            new = outs[len(sizes) + k]
+            st = leaves[pos].untyped_storage()
+            # The old version loses its buffer to the new one (see Note [Versions]).
+            self.phys[core.storage_of(old)] = torch.UntypedStorage(0, device=st.device)
+            self.phys[core.storage_of(new)] = st
+            self.version[st._cdata] = new
+            h = self.handle[new] = self.handle[old]
+            if h in self.alive:
+                self.alive[h] = new
+            writes.append((pos, old, new))
+        writes += [(pos, t, -1) for pos, t in const_writes]
+        if self.recorder is not None:
+            self.recorder.call(func._schema.name.split("::")[-1], [self.handle[t] for t in ins],
+                               [self.handle[t] for t in new_tensors], sizes, cost,
+                               mutated=[self.handle[old] for _, old in plain_writes] +
+                               [self.handle[t] for _, t in const_writes])
+        core.end_call(op, cost)
+        where = {i: k for k, i in enumerate(tpos)}
+        rleaves = [_slot(ins[where[i]], x) if i in where else x for i, x in enumerate(leaves)]
+        self.recipes[op] = Recipe(func, rleaves, spec, out_slots, writes, rng)
+        limit = self.thrash_limit
+        if limit is not None and core.base_compute > 0 and core.remat_compute > (limit - 1) * core.base_compute:
+            raise ThrashingError(core.remat_compute, (limit - 1) * core.base_compute, f"while running {func}")
+
+    def _run_untracked_inputs(self, func, args, kwargs, leaves, spec):
+        """An op without tracked inputs: a factory (zeros, randn) is tracked by its outputs."""
+        rng = None
+        if torch.Tag.nondeterministic_seeded in func.tags and self.device_type is not None:
+            rng = _rng_state(torch.device(self.device_type))
+        out = func(*args, **kwargs)
+        flat_out = tree_flatten(out)[0]
+        owning = [i for i, o in enumerate(flat_out) if self._trackable(o)]
+        if not owning:
+            return out
+        return self._account_after(func, out, flat_out, owning, leaves, spec, [], [], rng)
+
+    def _run_unpredicted(self, func, args, kwargs, leaves, spec, ins, tpos):
+        """An op whose output sizes could not be predicted: run, then account (may overshoot by its outputs)."""
+        op0 = self.core.begin_call(ins, [], [], [], 0.0)  # brings the inputs back
+        if self.recorder is not None:
+            self.recorder.call(func._schema.name.split("::")[-1], [self.handle[t] for t in ins], [], [], 0.0)
+        self.core.end_call(op0, 0.0)
+        rng = _rng_state(leaves[tpos[0]].device) if torch.Tag.nondeterministic_seeded in func.tags else None
+        out = func(*args, **kwargs)
+        flat_out = tree_flatten(out)[0]
+        known = {leaves[i].untyped_storage()._cdata for i in tpos}
+        owning = [i for i, o in enumerate(flat_out) if self._trackable(o)
+                  and o.untyped_storage()._cdata not in known]
+        return self._account_after(func, out, flat_out, owning, leaves, spec, ins, tpos, rng)
+
+    def _account_after(self, func, out, flat_out, owning, leaves, spec, ins, tpos, rng):
+        self.ops_seen += 1
+        sizes = [flat_out[i].untyped_storage().nbytes() for i in owning]
+        op = self.core.begin_call(ins, sizes, [-1] * len(sizes), [], 0.0)
+        outs = [o for o in flat_out if isinstance(o, torch.Tensor)]
+        cost = 1.0 if self.cost_model.measured else self.cost_model.estimate(func, (), {}, outs)
+        self._commit(op, func, leaves, spec, ins, tpos, sizes, owning, flat_out, [], [], rng, cost)
+        return out
+
+    def _written_leaves(self, func, args, kwargs, leaves) -> List[int]:
+        positions = written_args(func, args, kwargs)
+        if not positions:
+            return []
+        names = [a.name for a in func._schema.arguments]
+        wanted = []
+        for p in positions:
+            v = args[p] if p < len(args) else kwargs.get(names[p])
+            for x in (v if isinstance(v, (list, tuple)) else [v]):
+                if self._trackable(x):
+                    wanted.append(id(x))
+        return [i for i, x in enumerate(leaves) if id(x) in wanted and isinstance(x, torch.Tensor)]
+
+    # ------------------------------------------------------------------ closing
+    def finish(self) -> None:
+        """Bring back every tensor the program still holds (the output condition)."""
+        self.poll()
+        for t in list(self.alive.values()):
+            self.core.pin(t)
+
+
+def _hashable(x: Any) -> Any:
+    try:
+        hash(x)
+        return x
+    except TypeError:
+        return repr(x)
+
+
+def _rng_state(device: torch.device) -> Tuple[Optional[torch.device], torch.Tensor]:
+    """The default generator's state for ``device`` (captured before a random op)."""
+    if device.type == "cuda":
+        return device, torch.cuda.get_rng_state(device)
+    return None, torch.get_rng_state()
+
+
+def _set_rng_state(state: Tuple[Optional[torch.device], torch.Tensor]) -> None:
+    device, value = state
+    if device is not None:
+        torch.cuda.set_rng_state(value, device)
+    else:
+        torch.set_rng_state(value)

@@ -1,0 +1,57 @@
+"""Writing what the runtime did as a v1 log (DESIGN.md section 3).
+
+Every core call the runtime makes becomes one line, so replaying the log in
+``dtr-sim replay`` with the same budget and heuristic makes the same decisions
+(exactly so with ``cost_model="flops"``, whose costs do not depend on timing).
+"""
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import os
+from typing import Sequence
+
+import torch
+
+__all__ = ["LogRecorder"]
+
+
+class LogRecorder:
+    """Append v1 lines to a file (``.gz`` compressed by name).
+
+    Args:
+        path: where to write.
+        meta: extra fields for the ``meta`` line (the cost unit among them).
+    """
+
+    def __init__(self, path: str | os.PathLike, meta: dict):
+        path = os.fspath(path)
+        raw = gzip.open(path, "wt") if path.endswith(".gz") else open(path, "w")
+        self._f: io.TextIOBase = raw
+        self._dump = json.JSONEncoder(separators=(", ", ": ")).encode
+        info = {"op": "meta", "version": 1, "torch": torch.__version__}
+        info.update(meta)
+        self._write(info)
+
+    def _write(self, obj: dict) -> None:
+        self._f.write(self._dump(obj))
+        self._f.write("\n")
+
+    def constant(self, handle: str, size: int) -> None:
+        self._write({"op": "constant", "id": handle, "size": size})
+
+    def call(self, name: str, inputs: Sequence[str], outputs: Sequence[str], sizes: Sequence[int],
+             cost: float, mutated: Sequence[str] = ()) -> None:
+        """An op; ``mutated`` lists inputs it also writes in place (an extension of v1)."""
+        line = {"op": "call", "name": name, "inputs": list(inputs), "outputs": list(outputs),
+                "sizes": list(sizes), "aliases": [None] * len(outputs), "cost": cost}
+        if mutated:
+            line["mutated"] = list(mutated)
+        self._write(line)
+
+    def release(self, handle: str) -> None:
+        self._write({"op": "release", "id": handle})
+
+    def close(self) -> None:
+        self._f.close()
