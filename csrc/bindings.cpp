@@ -88,6 +88,7 @@ PYBIND11_MODULE(_C, m) {
       .def_readwrite("eager_evict", &Config::eager_evict)
       .def_readwrite("seed", &Config::seed)
       .def_readwrite("sample", &Config::sample)
+      .def_readwrite("free_dead_constants", &Config::free_dead_constants)
       .def_readwrite("remat_limit", &Config::remat_limit);
 
   py::class_<Core>(m, "Core")

@@ -260,6 +260,23 @@ void Core::release(int t) {
   Storage& s = storages_[sid];
   s.refs -= 1;
   if (s.refs > 0) return;
+  if (s.pinned && cfg_.free_dead_constants) {
+    // The program dropped a constant (e.g. an old gradient): keep what still
+    // needs its value, then free it for good.
+    protect(sid);
+    Storage& c = storages_[sid];
+    if (c.locks == 1 && c.refs == 0) {
+      c.pinned = false;
+      c.locks = 0;
+      c.resident = false;
+      c_.memory -= c.size;
+      for (int t2 : c.tensors) tensors_[t2].defined = false;
+      c.banished = true;
+      c_.eager_evictions += 1;
+      if (on_evict) on_evict(sid, false);
+    }
+    return;
+  }
   if (cfg_.banish) {
     try_banish(sid);
   } else if (cfg_.eager_evict && s.resident && !s.pinned) {

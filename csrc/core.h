@@ -43,6 +43,7 @@ struct Config {
   bool eager_evict = true;      // evict a storage as soon as its last handle is released
   uint64_t seed = 0;
   int sample = 0;               // >0: score only this many random pool members per eviction
+  bool free_dead_constants = false;  // free a constant when its last reference dies (after protect())
   double remat_limit = std::numeric_limits<double>::infinity();  // stop once remat compute passes it
 };
 

@@ -22,7 +22,7 @@ RawLogError = _C.LogError
 
 def make_config(heuristic: Heuristic | str = "eqclass", budget: Optional[int] = None, *,
                 banish: bool = False, seed: int = 0, sample: int = 0,
-                remat_limit: float = math.inf) -> "_C.Config":
+                remat_limit: float = math.inf, free_dead_constants: bool = False) -> "_C.Config":
     """Build the core's configuration.
 
     Args:
@@ -33,6 +33,8 @@ def make_config(heuristic: Heuristic | str = "eqclass", budget: Optional[int] = 
         seed: seed of the ``random`` heuristic and of sampling.
         sample: score only this many random pool members per eviction (0: all).
         remat_limit: stop once rematerialization compute passes this.
+        free_dead_constants: free a constant whose last reference dies (the
+            runtime's semantics) instead of keeping it resident (simrd's).
 
     Raises:
         ValueError: unknown heuristic name.
@@ -48,6 +50,7 @@ def make_config(heuristic: Heuristic | str = "eqclass", budget: Optional[int] = 
     cfg.seed = seed
     cfg.sample = sample
     cfg.remat_limit = remat_limit
+    cfg.free_dead_constants = free_dead_constants
     return cfg
 
 

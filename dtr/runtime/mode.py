@@ -100,8 +100,7 @@ class DTRMode(TorchDispatchMode):
         self.phys: Dict[int, torch.UntypedStorage] = {}   # core storage -> its buffer
         self.recipes: Dict[int, Recipe] = {}       # core op -> recipe
         self.handle: Dict[int, str] = {}           # core tensor -> log handle
-        self.alive: Dict[str, int] = {}            # handle -> core tensor, in creation order (non-constants)
-        self.constants: Dict[str, int] = {}
+        self.alive: Dict[str, int] = {}            # handle -> core tensor, in creation order
         self.predictions: Dict[Any, _Prediction] = {}
         self.remat_seconds = 0.0
         self.ops_seen = 0
@@ -131,7 +130,7 @@ class DTRMode(TorchDispatchMode):
             self.version[key] = t
             self.phys[self.core.storage_of(t)] = st
             h = self.handle[t] = self._new_handle()
-            self.constants[h] = t
+            self.alive[h] = t
             if self.recorder is not None:
                 self.recorder.constant(h, st.nbytes())
         return t

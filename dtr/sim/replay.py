@@ -102,7 +102,8 @@ def resolve_budget(spec: BudgetSpec, baseline_peak: int) -> Optional[int]:
 
 def baseline(log: Log) -> dict:
     """The log replayed without a memory limit (raw counters)."""
-    return replay_program(log.program, "local", None)
+    return replay_program(log.program, "local", None,
+                          free_dead_constants=bool(log.meta.get("free_dead_constants", False)))
 
 
 def replay(log: Union[Log, str, os.PathLike], heuristic: Union[Heuristic, str] = "eqclass",
@@ -135,7 +136,8 @@ def replay(log: Union[Log, str, os.PathLike], heuristic: Union[Heuristic, str] =
         baseline_peak = baseline(log)["peak_memory"]
     budget_bytes = resolve_budget(budget, baseline_peak)
     raw = replay_program(log.program, h, budget_bytes, thrash_limit=thrash_limit, check=check,
-                         banish=banish, seed=seed, sample=sample)
+                         banish=banish, seed=seed, sample=sample,
+                         free_dead_constants=bool(log.meta.get("free_dead_constants", False)))
     base = raw["base_total"]
     total = raw["base_compute"] + raw["remat_compute"]
     failed = raw["status"] != "ok"

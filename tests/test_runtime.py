@@ -1,0 +1,224 @@
+"""The runtime against plain PyTorch: exact results, budgets, replay parity, failure modes."""
+from __future__ import annotations
+
+import copy
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+torch = pytest.importorskip("torch")
+import torch.nn.functional as F  # noqa: E402
+
+import dtr  # noqa: E402
+from dtr.sim import replay  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(__file__))
+from runtime_models import cnn, constant_bytes, mlp  # noqa: E402
+
+
+def train_step(model, x, y, seed=1):
+    torch.manual_seed(seed)
+    model.zero_grad(set_to_none=True)
+    loss = F.cross_entropy(model(x), y)
+    loss.backward()
+    return loss.detach()
+
+
+def snapshot(model):
+    return [p.grad.clone() for p in model.parameters()], [b.clone() for b in model.buffers()]
+
+
+def assert_same(model, ref_model, loss, ref_loss):
+    assert torch.equal(loss, ref_loss)
+    for p, q in zip(model.parameters(), ref_model.parameters()):
+        assert torch.equal(p.grad, q.grad)
+    for b, c in zip(model.buffers(), ref_model.buffers()):
+        assert torch.equal(b, c)
+
+
+def plain_peak(model, x, y):
+    """dtr's accounting of the plain step (no limit): the step's peak."""
+    m = copy.deepcopy(model)
+    with dtr.budget(None, cost_model="flops") as b:
+        train_step(m, x, y)
+    return b.stats["peak_bytes"]
+
+
+def budget_at(model, x, y, f):
+    const = constant_bytes(model, x, y)
+    return int(const + f * (plain_peak(model, x, y) - const))
+
+
+MODELS = {
+    "mlp": lambda: (mlp(), torch.randn(1024, 256), torch.randint(0, 10, (1024,))),
+    "cnn": lambda: (cnn(), torch.randn(8, 3, 16, 16), torch.randint(0, 10, (8,))),
+}
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+@pytest.mark.parametrize("heuristic", ["eqclass", "dtr", "lru"])
+@pytest.mark.parametrize("f", [0.7, 0.5, 0.35])
+def test_exact_gradients_and_buffers_within_budget(name, heuristic, f):
+    torch.manual_seed(0)
+    model, x, y = MODELS[name]()
+    ref = copy.deepcopy(model)
+    ref_loss = train_step(ref, x, y)
+    limit = budget_at(model, x, y, f)
+    try:
+        with dtr.budget(limit, heuristic=heuristic, cost_model="flops") as b:
+            loss = train_step(model, x, y)
+    except (dtr.ThrashingError, dtr.OutOfBudgetError):
+        if heuristic == "lru":  # the baseline heuristic may thrash at low budgets: a clean, loud failure
+            return
+        raise
+    assert_same(model, ref, loss, ref_loss)
+    assert b.stats["peak_bytes"] <= limit
+    if f <= 0.5:
+        assert b.stats["evictions"] > 0 and b.stats["remats"] > 0
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+@pytest.mark.parametrize("heuristic", ["eqclass", "dtr", "lru"])
+def test_recorded_log_replays_to_the_same_decisions(tmp_path, name, heuristic):
+    torch.manual_seed(0)
+    model, x, y = MODELS[name]()
+    limit = budget_at(model, x, y, 0.5)
+    path = tmp_path / "step.jsonl"
+    with dtr.budget(limit, heuristic=heuristic, cost_model="flops", log=path) as b:
+        train_step(model, x, y)
+    meta = json.loads(path.read_text().splitlines()[0])
+    assert meta["cost_unit"] == "flop"
+    r = replay(path, heuristic, limit, thrash_limit=float("inf"))
+    assert r.status == "ok"
+    assert (r.evictions, r.remats, r.peak_bytes) == (b.stats["evictions"], b.stats["remats"], b.stats["peak_bytes"])
+
+
+def test_optimizer_step_inside_the_budget_is_exact():
+    torch.manual_seed(0)
+    model, x, y = MODELS["cnn"]()
+    ref = copy.deepcopy(model)
+    opt, ref_opt = (torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9) for m in (model, ref))
+    limit = budget_at(model, x, y, 0.5)
+    for step in range(3):
+        ref_loss = train_step(ref, x, y, seed=step)
+        ref_opt.step()
+        with dtr.budget(limit + 200_000, cost_model="flops"):  # room for the momentum buffers
+            loss = train_step(model, x, y, seed=step)
+            opt.step()
+        assert torch.equal(loss, ref_loss)
+        for p, q in zip(model.parameters(), ref.parameters()):
+            assert torch.equal(p, q)
+
+
+def test_tensors_held_after_the_block_are_usable():
+    torch.manual_seed(0)
+    model, x, y = MODELS["mlp"]()
+    torch.manual_seed(5)
+    with torch.no_grad():
+        ref_hidden = [model[:k](x) for k in (2, 5, 8)]
+    act = 1024 * 256 * 4
+    limit = constant_bytes(model, x, y) + 3 * act + 7 * act // 2  # the held tensors; a forward needs ~2.25 act more
+    torch.manual_seed(5)
+    with dtr.budget(limit, cost_model="flops") as b:
+        with torch.no_grad():
+            hidden = [model[:k](x) for k in (2, 5, 8)]
+            for _ in range(3):
+                model(x)  # pressure: the held tensors get evicted
+    assert b.stats["evictions"] > 0
+    for h, r in zip(hidden, ref_hidden):
+        assert torch.equal(h, r)
+
+
+def test_infeasible_budget_raises_with_the_need():
+    torch.manual_seed(0)
+    model, x, y = MODELS["mlp"]()
+    limit = constant_bytes(model, x, y) + 1000
+    with pytest.raises(dtr.OutOfBudgetError) as e:
+        with dtr.budget(limit):
+            train_step(model, x, y)
+    assert e.value.budget == limit and e.value.needed > limit
+    assert str(limit) in str(e.value) and str(e.value.needed) in str(e.value)
+
+
+def test_thrash_limit_raises():
+    torch.manual_seed(0)
+    model, x, y = MODELS["mlp"]()
+    limit = budget_at(model, x, y, 0.35)
+    with pytest.raises(dtr.ThrashingError):
+        with dtr.budget(limit, heuristic="lru", cost_model="flops", thrash_limit=1.01):
+            train_step(model, x, y)
+
+
+def test_budget_strings_and_stats():
+    b = dtr.budget("6GiB")
+    assert b.stats["budget_bytes"] == 6 * 2**30
+    assert dtr.budget("500MB").budget_bytes == 500 * 10**6
+    with pytest.raises(dtr.errors.BudgetError):
+        dtr.budget("lots")
+    with pytest.raises(ValueError, match="valid"):
+        dtr.budget(None, heuristic="belady")
+    with dtr.budget(None) as b:
+        torch.ones(10).sum()
+        assert "evictions" in b.stats
+    for k in ("evictions", "remats", "remat_seconds", "peak_bytes", "budget_bytes"):
+        assert k in b.stats
+
+
+RSS_SCRIPT = textwrap.dedent("""
+    import copy, json, sys, torch, torch.nn.functional as F
+    sys.path.insert(0, {tests!r})
+    import dtr
+    from runtime_models import mlp, constant_bytes
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+    model, x, y = mlp(width=512, depth=8, p=0.0), torch.randn(4096, 512), torch.randint(0, 10, (4096,))
+    def step():
+        model.zero_grad(set_to_none=True)
+        F.cross_entropy(model(x), y).backward()
+    def rss():
+        d = dict(l.split(':', 1) for l in open('/proc/self/status'))
+        return int(d['VmHWM'].split()[0]) * 1024, int(d['VmRSS'].split()[0]) * 1024
+    mode, limit = sys.argv[1], sys.argv[2]
+    step()  # warm up allocator and kernels; grads exist from now on
+    open('/proc/self/clear_refs', 'w').write('5')
+    base = rss()[1]
+    if mode == 'plain':
+        step()
+        print(json.dumps(dict(increase=rss()[0] - base)))
+    else:
+        with dtr.budget(int(limit), cost_model='flops') as b:
+            step()
+        print(json.dumps(dict(increase=rss()[0] - base, stats=b.stats)))
+""")
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/clear_refs"), reason="needs Linux /proc for VmHWM")
+@pytest.mark.xfail(strict=True, reason="KNOWN FAILURE (issue #3 open): the process's measured peak exceeds "
+                   "dtr's own accounting; the physical overshoot is not yet found")
+def test_budget_holds_by_rss_high_water_mark(tmp_path):
+    """An independent measurement: the process's peak RSS during the step."""
+    script = tmp_path / "rss.py"
+    script.write_text(RSS_SCRIPT.format(tests=os.path.dirname(__file__)))
+    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536", OMP_NUM_THREADS="1")
+
+    def run(*args):
+        p = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, env=env)
+        assert p.returncode == 0, p.stderr
+        return json.loads(p.stdout)
+
+    plain = run("plain", "0")["increase"]
+    # Above the tensors that exist before the step (weights, input, grads),
+    # give dtr half of the plain step's measured increase.
+    torch.manual_seed(0)
+    model = mlp(width=512, depth=8, p=0.0)
+    x, y = torch.randn(4096, 512), torch.randint(0, 10, (4096,))
+    const = constant_bytes(model, x, y) + sum(p.numel() * 4 for p in model.parameters())  # + grads
+    limit = const + int(0.5 * plain)
+    got = run("dtr", str(limit))
+    one_op = 2 * 4096 * 512 * 4  # one recomputed output and its copy (documented slack)
+    assert got["stats"]["evictions"] > 0
+    assert got["increase"] <= int(0.5 * plain) + one_op, (got["increase"], plain)
