@@ -1,5 +1,5 @@
 # The two set-up-and-go commands (see README):
-#   make demo   - create .venv, install dtr, run the simulator demo
+#   make demo   - create .venv, install dtr, run a training step under budgets, and the simulator
 #   make test   - create .venv, install dtr with test extras, run the whole test suite
 PYTHON ?= python3
 VENV   ?= .venv
@@ -8,7 +8,7 @@ PIP     = $(PY) -m pip
 # The CPU build of torch, pinned: an unpinned torch pulls a multi-GB CUDA build.
 TORCH  ?= torch==2.13.0
 
-.PHONY: venv demo test bench clean
+.PHONY: venv demo test bench experiments clean
 
 $(VENV)/.installed: pyproject.toml setup.py $(wildcard csrc/*.cpp csrc/*.h)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -21,6 +21,8 @@ $(VENV)/.installed: pyproject.toml setup.py $(wildcard csrc/*.cpp csrc/*.h)
 venv: $(VENV)/.installed
 
 demo: venv
+	$(PY) examples/demo_budget.py
+	@echo
 	$(VENV)/bin/dtr-sim chain --n 1024 --budget sqrt --heuristic dtr
 	@echo
 	$(VENV)/bin/dtr-sim replay tests/data/small.jsonl --budget 78%
@@ -29,7 +31,11 @@ test: venv
 	$(PY) -m pytest -q
 
 bench: venv
-	$(PY) benchmarks/bench_sim.py
+	$(PY) benchmarks/bench_sim.py --out BENCHMARKS.md
+	$(PY) benchmarks/bench_sweep.py
+
+experiments: venv
+	$(PY) experiments/make_experiments.py
 
 clean:
 	rm -rf build $(VENV) *.egg-info dtr/*.so
