@@ -1,1 +1,94 @@
-"""dtr-sim subcommands (filled in by its module owner; registers nothing yet)."""
+"""``dtr-sim export`` and ``dtr-sim compare``: static schedules (light to import)."""
+from __future__ import annotations
+
+import argparse
+import math
+
+from dtr.errors import DtrError
+from dtr.sim.commands import add_heuristic_options, command, emit_json, heuristic_from_args, thrash_limit_type
+
+__all__: list = []
+
+
+def _export_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("log", help="path to the log")
+    p.add_argument("--budget", default=None, metavar="B",
+                   help="bytes, a size (6GiB, 500MB) or N%% of the log's peak; default: no limit")
+    p.add_argument("-o", "--output", required=True, metavar="FILE", help="where to write the schedule (JSON)")
+    add_heuristic_options(p, default_limit=math.inf)
+
+
+@command("export", "the simulator's run as a static schedule (JSON)", _export_args)
+def _export(args: argparse.Namespace) -> int:
+    from dtr.sim.export import export_schedule
+    from dtr.sim.logs import read_log
+    from dtr.sim.replay import baseline, resolve_budget
+    from dtr.sim.schedule import evaluate, save_schedule
+    log = read_log(args.log)
+    budget = resolve_budget(args.budget, baseline(log)["peak_memory"])
+    ex = export_schedule(log, heuristic_from_args(args), budget, thrash_limit=args.thrash_limit, seed=args.seed,
+                         sample=args.sample)
+    if ex.status != "ok":
+        raise DtrError(f"the simulator stopped ({ex.status}) at budget {budget} bytes: no complete schedule to export")
+    ev = evaluate(ex.graph, ex.schedule.steps, budget)
+    save_schedule(ex.schedule, args.output)
+    d = {"log": args.log, "heuristic": ex.schedule.meta["planner"], "budget_bytes": budget, "output": args.output,
+         "steps": len(ex.schedule.steps), "valid": ev.valid, "peak_bytes": ev.peak_bytes,
+         "total_compute": ev.total_compute, "base_compute": ev.base_compute, "overhead": ev.overhead,
+         "simulator_peak_bytes": ex.peak_bytes, "simulator_total_compute": ex.total_compute}
+    if args.json:
+        emit_json(d)
+    else:
+        print(f"wrote {d['steps']} steps to {args.output}: valid {ev.valid}, peak {ev.peak_bytes} B, "
+              f"compute {ev.total_compute:g} (overhead {ev.overhead:.4f}); simulator: peak {ex.peak_bytes} B, "
+              f"compute {ex.total_compute:g}")
+    return 0
+
+
+def _compare_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("log", help="path to the log")
+    g = p.add_mutually_exclusive_group(required=True)
+    g.add_argument("--budget", metavar="B", help="one budget (as in replay)")
+    g.add_argument("--budgets", metavar="START:STOP:STEP", help="ratios of the log's peak, STOP inclusive")
+    p.add_argument("--planners", default="all", metavar="all|P1,P2",
+                   help="chen, rotor, checkmate, checkmate-lp, fastsa (default: all)")
+    p.add_argument("--heuristics", default="dtr,eqclass,local,lru", metavar="H1,H2",
+                   help="DTR heuristics to include (default: dtr,eqclass,local,lru; 'none' for none)")
+    p.add_argument("--time-limit", type=float, default=60.0, metavar="S",
+                   help="seconds for the ILP (and FastSA) per budget (default: 60)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the randomized planners (default: 0)")
+    p.add_argument("--thrash-limit", type=thrash_limit_type, default=3.0, metavar="X",
+                   help="the simulator's thrash limit (default: 3)")
+    p.add_argument("--json", action="store_true", help="print a JSON list")
+    p.add_argument("--plot", metavar="FILE.png", help="draw overhead vs budget (with --budgets)")
+
+
+@command("compare", "static planners and DTR heuristics on one log, through one evaluator", _compare_args)
+def _compare(args: argparse.Namespace) -> int:
+    from dtr.sim.compare import budget_range, compare, format_rows, plot_rows
+    from dtr.sim.logs import read_log
+    from dtr.sim.planners import PlanOptions, get_planner, planner_names
+    from dtr.sim.replay import baseline, resolve_budget
+    names = planner_names() if args.planners == "all" else [x.strip() for x in args.planners.split(",") if x.strip()]
+    for n in names:
+        get_planner(n)
+    heur = [] if args.heuristics == "none" else [x.strip() for x in args.heuristics.split(",") if x.strip()]
+    if args.plot and not args.budgets:
+        raise DtrError("--plot needs --budgets START:STOP:STEP")
+    if not args.time_limit > 0:
+        raise DtrError("--time-limit must be positive")
+    log = read_log(args.log)
+    peak0 = baseline(log)["peak_memory"]
+    if args.budgets:
+        budgets = [int(peak0 * r) for r in budget_range(args.budgets)]
+    else:
+        budgets = [resolve_budget(args.budget, peak0)]
+    rows = compare(log, budgets, names, heuristics=heur, thrash_limit=args.thrash_limit, baseline_peak=peak0,
+                   options=PlanOptions(time_limit=args.time_limit, seed=args.seed))
+    if args.plot:
+        plot_rows(rows, args.plot, title=f"{args.log}")
+    if args.json:
+        emit_json([r.to_dict() for r in rows])
+    else:
+        print(format_rows(rows))
+    return 0

@@ -1,2 +1,126 @@
-"""Static rematerialization planners (see dtr.sim.schedule)."""
-__all__: list = []
+"""Static rematerialization planners, registered by name.
+
+A planner takes the planning graph (:class:`dtr.sim.graph.PlanGraph`) and a
+budget in bytes, and returns a compute sequence of nodes (a node may appear
+several times: recomputation); :func:`dtr.sim.schedule.plan_schedule` turns it
+into a schedule with frees, and :func:`dtr.sim.schedule.evaluate` checks it.
+Planners never import numpy or scipy at module import time.
+
+Registered: ``chen`` (sqrt(n) segments / greedy), ``rotor`` (dynamic
+programming on forward-backward chains), ``checkmate`` (the ILP on HiGHS),
+``checkmate-lp`` (its LP relaxation with randomized rounding), ``fastsa``
+(simulated annealing).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, replace
+from typing import Callable, Dict, List, Optional, Tuple
+
+from dtr.sim.graph import PlanGraph
+
+__all__ = ["PlanOptions", "PlanResult", "register_planner", "get_planner", "planner_names", "run_planner",
+           "STATUSES"]
+
+#: Statuses a planner reports: ``optimal`` (proven, gap tolerance <= 1e-6),
+#: ``ok`` (a schedule within the budget), ``infeasible`` (none exists, or none
+#: was found by a heuristic planner), ``timeout`` (the time limit passed with
+#: no schedule), ``n/a`` (the planner does not apply to this graph).
+STATUSES = ("optimal", "ok", "infeasible", "timeout", "n/a")
+
+
+@dataclass(frozen=True)
+class PlanOptions:
+    """Knobs shared by the planners.
+
+    Attributes:
+        time_limit: seconds for the ILP solver and for FastSA.
+        seed: seed of the randomized planners (LP rounding, FastSA).
+        gap_tol: the ILP's relative gap tolerance (``optimal`` needs <= 1e-6).
+        rounds: randomized rounding attempts of ``checkmate-lp``.
+        sa_steps: FastSA's iterations (0: until the time limit or its default).
+        rotor_slots: memory discretization of Rotor (slots of the budget).
+    """
+
+    time_limit: float = 60.0
+    seed: int = 0
+    gap_tol: float = 1e-6
+    rounds: int = 32
+    sa_steps: int = 0
+    rotor_slots: int = 256
+
+
+@dataclass(frozen=True)
+class PlanResult:
+    """What a planner found.
+
+    Attributes:
+        planner: its name.
+        status: one of :data:`STATUSES`.
+        sequence: the compute sequence of nodes (None: no schedule).
+        solve_seconds: wall time of the planner.
+        gap: the ILP's relative optimality gap (None for other planners).
+        message: a short explanation (why n/a, infeasible...).
+        predicted_cost: the planner's own figure for the total cost, if any.
+    """
+
+    planner: str
+    status: str
+    sequence: Optional[Tuple[int, ...]]
+    solve_seconds: float = 0.0
+    gap: Optional[float] = None
+    message: str = ""
+    predicted_cost: Optional[float] = None
+
+
+Planner = Callable[[PlanGraph, int, PlanOptions], PlanResult]
+_REGISTRY: Dict[str, Planner] = {}
+
+
+def register_planner(name: str) -> Callable[[Planner], Planner]:
+    """Decorator: register ``plan(pg, budget, options) -> PlanResult`` as ``name``."""
+
+    def wrap(fn: Planner) -> Planner:
+        _REGISTRY[name] = fn
+        return fn
+
+    return wrap
+
+
+def planner_names() -> List[str]:
+    """The registered planners, in their reporting order."""
+    return list(_REGISTRY)
+
+
+def get_planner(name: str) -> Planner:
+    """Look a planner up by name.
+
+    Raises:
+        ValueError: unknown name; the message lists the valid ones.
+    """
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        raise ValueError(f"unknown planner {name!r} (valid: {', '.join(planner_names())})") from None
+
+
+def run_planner(name: str, pg: PlanGraph, budget: int, options: Optional[PlanOptions] = None) -> PlanResult:
+    """Run one planner and time it.
+
+    Args:
+        name: a registered planner.
+        pg: the planning graph.
+        budget: bytes (constants included).
+        options: the knobs (defaults: :class:`PlanOptions`).
+
+    Raises:
+        ValueError: unknown planner.
+    """
+    fn = get_planner(name)
+    t0 = time.perf_counter()
+    res = fn(pg, int(budget), options or PlanOptions())
+    return replace(res, planner=name, solve_seconds=time.perf_counter() - t0)
+
+
+# The planners register themselves on import (they import numpy/scipy lazily).
+from dtr.sim.planners import chen, rotor, checkmate, fastsa  # noqa: E402,F401

@@ -1,0 +1,297 @@
+"""Static schedules over a log's operator graph, and the one evaluator they all go through.
+
+A schedule is a list of steps: ``("compute", OP)`` runs operator OP of the
+exact :class:`~dtr.sim.graph.Graph`, ``("free", STORAGE)`` frees a storage.
+In JSON (``dtr-sim export -o``) it is an object whose ``steps`` is a list of
+``{"compute": OP}`` and ``{"free": STORAGE}`` (a bare list of steps is read as
+well), with the log, planner and budget alongside for reference.
+
+The evaluator (:func:`evaluate`) checks a schedule and measures it; see
+Note [Evaluator semantics]. Planners work on the planning graph
+(:class:`~dtr.sim.graph.PlanGraph`) and produce a *compute sequence* of
+nodes; :func:`sequence_steps` adds the frees (each value freed right after
+its last use) and :func:`expand` turns them into exact steps.
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Iterable, List, Optional, Sequence, Tuple
+
+from dtr.errors import DtrError
+from dtr.sim.graph import Graph, PlanGraph
+
+__all__ = ["COMPUTE", "FREE", "Step", "Schedule", "Evaluation", "ScheduleError", "evaluate", "sequence_steps",
+           "sequence_profile", "expand", "plan_schedule", "load_schedule", "save_schedule"]
+
+COMPUTE = "compute"
+FREE = "free"
+Step = Tuple[str, int]
+
+
+class ScheduleError(DtrError):
+    """A schedule file that cannot be read, or a compute sequence a planner got wrong."""
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """A static schedule over an exact graph.
+
+    Attributes:
+        steps: ``(COMPUTE, op)`` and ``(FREE, storage)`` in order.
+        meta: what produced it (log, planner, budget...), kept in the JSON.
+    """
+
+    steps: Tuple[Step, ...]
+    meta: dict = field(default_factory=dict)
+
+    def to_json(self) -> dict:
+        return {"format": "dtr-schedule", "version": 1, **self.meta,
+                "steps": [{k: x} for k, x in self.steps]}
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """The evaluator's verdict on one schedule.
+
+    Attributes:
+        valid: every input resident when used, every operator computed at
+            least once, the wanted outputs resident at the end, only resident
+            non-constant storages freed, and (with a budget) peak <= budget.
+        error: why it is not valid (None when valid); names the step.
+        peak_bytes: the peak memory (up to the failing step when invalid).
+        total_compute: the sum of the costs of the computed operators.
+        base_compute: the log's own compute (each operator once).
+        overhead: total / base.
+        computes: compute steps.
+        recomputes: compute steps of an operator already computed before.
+        frees: free steps.
+        budget_bytes: the budget checked against (None: none).
+    """
+
+    valid: bool
+    error: Optional[str]
+    peak_bytes: int
+    total_compute: float
+    base_compute: float
+    overhead: float
+    computes: int
+    recomputes: int
+    frees: int
+    budget_bytes: Optional[int]
+
+
+# Note [Evaluator semantics]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~
+# The evaluator follows the simulator's core exactly, so that DTR's decisions
+# frozen into a schedule give the simulator's figures:
+# - memory counts resident storages (views are 0 bytes; constants count once
+#   their operator ran, and may never be freed);
+# - ``compute OP`` needs every input tensor *defined*: its storage resident
+#   and, for a view, its view operator run since the storage last came back
+#   (freeing a storage undefines all its tensors). The operator's whole
+#   fresh output size is allocated at once, on top of what is resident (this
+#   is the step's transient peak); outputs whose storage was already resident
+#   are then freed again (a recomputation duplicates them only transiently);
+# - ``free S`` needs S resident and not a constant;
+# - at the end every wanted tensor (still referenced when the log ends) must
+#   be defined, and every operator must have been computed at least once (a
+#   planner may not skip the log's work);
+# - total compute is the sum of the costs of all compute steps.
+
+
+def evaluate(graph: Graph, steps: Iterable[Step], budget: Optional[int] = None) -> Evaluation:
+    """Validate a schedule and measure its peak memory and total cost.
+
+    Args:
+        graph: the exact graph the schedule is over.
+        steps: ``(COMPUTE, op)`` / ``(FREE, storage)`` pairs.
+        budget: if given, a peak above it makes the schedule invalid.
+
+    Returns:
+        The :class:`Evaluation` (never raises for a bad schedule: ``valid`` is False).
+    """
+    g = graph
+    n_ops, n_st = g.num_ops, g.num_storages
+    resident = bytearray(n_st)
+    defined = bytearray(len(g.tensor_op))
+    computed = bytearray(n_ops)
+    mem = peak = 0
+    total = 0.0
+    computes = recomputes = frees = 0
+    error: Optional[str] = None
+    op_inputs, op_alloc, op_fresh, op_outputs, op_cost = g.op_inputs, g.op_alloc, g.op_fresh, g.op_outputs, g.op_cost
+    size, st_tensors, pinned = g.storage_size, g.storage_tensors, g.storage_pinned
+    for i, (kind, x) in enumerate(steps):
+        if kind == COMPUTE:
+            if not (isinstance(x, int) and 0 <= x < n_ops):
+                error = f"step {i}: no operator {x!r}"
+                break
+            for t in op_inputs[x]:
+                if not defined[t]:
+                    s = g.tensor_storage[t]
+                    error = (f"step {i}: compute op {x} ({g.op_name[x]}, log line {g.op_line[x]}): input tensor "
+                             f"{t} (storage {s}) is not resident")
+                    break
+            if error:
+                break
+            mem += op_alloc[x]
+            if mem > peak:
+                peak = mem
+            for s in op_fresh[x]:
+                if resident[s]:
+                    mem -= size[s]
+                else:
+                    resident[s] = 1
+            for t in op_outputs[x]:
+                defined[t] = 1
+            total += op_cost[x]
+            computes += 1
+            if computed[x]:
+                recomputes += 1
+            computed[x] = 1
+        elif kind == FREE:
+            if not (isinstance(x, int) and 0 <= x < n_st):
+                error = f"step {i}: no storage {x!r}"
+                break
+            if not resident[x]:
+                error = f"step {i}: free storage {x}: not resident"
+                break
+            if pinned[x]:
+                error = f"step {i}: free storage {x}: a constant cannot be freed"
+                break
+            resident[x] = 0
+            mem -= size[x]
+            for t in st_tensors[x]:
+                defined[t] = 0
+            frees += 1
+        else:
+            error = f"step {i}: unknown step kind {kind!r} (valid: compute, free)"
+            break
+    if error is None:
+        missing = [t for t in g.wanted if not defined[t]]
+        if missing:
+            t = missing[0]
+            error = (f"end: {len(missing)} wanted output(s) not resident, e.g. tensor {t} of op {g.tensor_op[t]} "
+                     f"(log line {g.op_line[g.tensor_op[t]]})")
+    if error is None and not all(computed):
+        k = computed.index(0)
+        error = f"end: op {k} ({g.op_name[k]}, log line {g.op_line[k]}) was never computed"
+    if error is None and budget is not None and peak > budget:
+        error = f"peak memory {peak} exceeds the budget {budget}"
+    base = g.base_compute
+    return Evaluation(valid=error is None, error=error, peak_bytes=peak, total_compute=total, base_compute=base,
+                      overhead=total / base if base > 0 else 1.0, computes=computes, recomputes=recomputes,
+                      frees=frees, budget_bytes=budget)
+
+
+def sequence_steps(pg: PlanGraph, seq: Sequence[int]) -> List[Step]:
+    """Steps for a compute sequence of nodes: each storage freed right after its last use.
+
+    Returns ``(COMPUTE, node)`` and ``(FREE, storage)`` steps (exact storage
+    ids; :func:`expand` turns the node computes into operators). A use reads
+    the latest computation of the node before it. The last computation of a
+    wanted storage and every computation of a constant are kept.
+
+    Raises:
+        ScheduleError: a node is used before any computation of it.
+    """
+    latest = [-1] * pg.n
+    owner, reads = pg.storage_node, pg.reads
+    last_use: List[dict] = []
+    for p, v in enumerate(seq):
+        for s in reads[v]:
+            q = latest[owner[s]]
+            if q < 0:
+                raise ScheduleError(f"the sequence computes node {v} at position {p} before its input "
+                                    f"{owner[s]}")
+            last_use[q][s] = p
+        latest[v] = p
+        last_use.append({s: p for s in pg.storages[v]})
+    keep = len(seq)
+    for s in pg.wanted_storages:
+        q = latest[owner[s]]
+        if q >= 0:
+            last_use[q][s] = keep
+    frees: List[List[int]] = [[] for _ in range(len(seq))]
+    for p, v in enumerate(seq):
+        if pg.pinned[v]:
+            continue
+        for s, u in last_use[p].items():
+            if u < keep:
+                frees[u].append(s)
+    steps: List[Step] = []
+    for p, v in enumerate(seq):
+        steps.append((COMPUTE, v))
+        steps.extend((FREE, s) for s in frees[p])
+    return steps
+
+
+def sequence_profile(pg: PlanGraph, steps: Sequence[Step]) -> Tuple[int, float]:
+    """Peak memory and total cost of :func:`sequence_steps`' steps (fast, no checks)."""
+    mem = peak = 0
+    cost = 0.0
+    m, c, size = pg.mem, pg.cost, pg.graph.storage_size
+    for kind, x in steps:
+        if kind == COMPUTE:
+            mem += m[x]
+            if mem > peak:
+                peak = mem
+            cost += c[x]
+        else:
+            mem -= size[x]
+    return peak, cost
+
+
+def expand(pg: PlanGraph, steps: Sequence[Step]) -> List[Step]:
+    """Exact steps for :func:`sequence_steps`' steps: a node's computes become its operators."""
+    out: List[Step] = []
+    for kind, x in steps:
+        if kind == COMPUTE:
+            out.extend((COMPUTE, k) for k in pg.ops[x])
+        else:
+            out.append((FREE, x))
+    return out
+
+
+def plan_schedule(pg: PlanGraph, seq: Sequence[int], meta: Optional[dict] = None) -> Schedule:
+    """The exact :class:`Schedule` of a planner's compute sequence."""
+    return Schedule(steps=tuple(expand(pg, sequence_steps(pg, seq))), meta=dict(meta or {}))
+
+
+def save_schedule(schedule: Schedule, path: str | os.PathLike) -> None:
+    """Write a schedule as JSON (one step per line, readable with diff)."""
+    doc = schedule.to_json()
+    steps = doc.pop("steps")
+    head = json.dumps(doc)[:-1]
+    with open(path, "w") as f:
+        f.write(head + (', ' if doc else '') + '"steps": [\n')
+        f.write(",\n".join(json.dumps(s) for s in steps))
+        f.write("\n]}\n")
+
+
+def load_schedule(path: str | os.PathLike) -> Schedule:
+    """Read a schedule written by :func:`save_schedule` (or a bare JSON list of steps).
+
+    Raises:
+        ScheduleError: not a readable schedule.
+    """
+    try:
+        with open(path) as f:
+            doc = json.load(f)
+    except (OSError, ValueError) as e:
+        raise ScheduleError(f"{path}: cannot read the schedule: {e}") from None
+    raw = doc if isinstance(doc, list) else doc.get("steps") if isinstance(doc, dict) else None
+    if not isinstance(raw, list):
+        raise ScheduleError(f"{path}: a schedule is a list of steps or an object with 'steps'")
+    steps: List[Step] = []
+    for i, s in enumerate(raw):
+        if not (isinstance(s, dict) and len(s) == 1):
+            raise ScheduleError(f"{path}: step {i}: expected {{\"compute\": OP}} or {{\"free\": STORAGE}}")
+        ((k, x),) = s.items()
+        if k not in (COMPUTE, FREE) or not isinstance(x, int):
+            raise ScheduleError(f"{path}: step {i}: expected {{\"compute\": OP}} or {{\"free\": STORAGE}}")
+        steps.append((k, x))
+    meta = {k: v for k, v in doc.items() if k not in ("steps", "format", "version")} if isinstance(doc, dict) else {}
+    return Schedule(steps=tuple(steps), meta=meta)
