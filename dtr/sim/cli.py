@@ -19,7 +19,7 @@ from dtr.units import format_bytes
 __all__ = ["main", "COMMAND_MODULES"]
 
 # Modules whose import registers more subcommands (see dtr.sim.commands).
-COMMAND_MODULES: tuple = ("dtr.sim.cmd_schedules", "dtr.sim.cmd_experiments")
+COMMAND_MODULES: tuple = ("dtr.sim.cmd_schedules", "dtr.sim.cmd_experiments", "dtr.sim.cmd_record")
 
 
 def _summary(d: dict) -> str:

@@ -1,0 +1,1 @@
+"""dtr-sim record (filled in by its module owner; registers nothing yet)."""
