@@ -24,12 +24,13 @@
 # input shapes/strides/dtypes, so a training loop pays for it once.
 #
 # Note [Liveness]
-# The runtime keeps one reference to every tracked storage (the
-# UntypedStorage object) and none to tensors. A storage whose use count drops
-# to that one reference is dead to the program (user variables, views and
-# autograd's saved tensors all hold references): the core is told, and it frees
-# the bytes at once. Use counts are polled every few ops and whenever room has
-# to be made, so dead storages go before live ones are evicted.
+# The runtime holds only *weak* references to the storages the program owns
+# (user variables, views and autograd's saved tensors hold the strong ones), so
+# a storage the program drops is freed by PyTorch at once, exactly as without
+# dtr. The core learns of it at the next poll (every few ops, whenever room
+# must be made, and before any recomputation), and until then counts it as
+# resident: its accounting errs on the safe side. Buffers dtr owns (an old
+# version's value brought back for a recomputation) are held strongly.
 """
 from __future__ import annotations
 
@@ -38,6 +39,7 @@ import time
 from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 
 import torch
+from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
@@ -50,8 +52,27 @@ from dtr.runtime.recorder import LogRecorder
 __all__ = ["DTRMode", "Slot"]
 
 log = logging.getLogger("dtr.runtime")
-_use_count = torch._C._storage_Use_Count
 _POLL_EVERY = 16
+
+
+class _Buf:
+    """The buffer of one storage version: the program's (weakly held) or dtr's own."""
+
+    __slots__ = ("weak", "strong")
+
+    def __init__(self, storage: torch.UntypedStorage, owned: bool):
+        self.strong = storage if owned else None
+        self.weak = None if owned else StorageWeakRef(storage)
+
+    def get(self) -> Optional[torch.UntypedStorage]:
+        if self.strong is not None:
+            return self.strong
+        if self.weak.expired():
+            return None
+        return torch.UntypedStorage._new_with_weak_ptr(self.weak.cdata)
+
+    def dead(self) -> bool:
+        return self.strong is None and self.weak.expired()
 
 
 class Slot(NamedTuple):
@@ -96,8 +117,10 @@ class DTRMode(TorchDispatchMode):
         self.recorder = recorder
         self.thrash_limit = thrash_limit
         self.device_type = device.type if device is not None else None
+        self.device: Optional[torch.device] = device
         self.version: Dict[int, int] = {}          # storage cdata -> core tensor (current version)
-        self.phys: Dict[int, torch.UntypedStorage] = {}   # core storage -> its buffer
+        self.key: Dict[int, int] = {}              # core tensor -> storage cdata (program-owned versions)
+        self.phys: Dict[int, _Buf] = {}            # core storage -> its buffer
         self.recipes: Dict[int, Recipe] = {}       # core op -> recipe
         self.handle: Dict[int, str] = {}           # core tensor -> log handle
         self.alive: Dict[str, int] = {}            # handle -> core tensor, in creation order
@@ -114,6 +137,7 @@ class DTRMode(TorchDispatchMode):
         dev = x.device.type
         if self.device_type is None:
             self.device_type = dev
+            self.device = x.device
         return dev == self.device_type
 
     def _new_handle(self) -> str:
@@ -125,10 +149,13 @@ class DTRMode(TorchDispatchMode):
         st = x.untyped_storage()
         key = st._cdata
         t = self.version.get(key)
+        if t is not None and self.phys[self.core.storage_of(t)].dead():
+            t = None  # the address of a storage that died since the last poll, reused
         if t is None:
             t = self.core.constant(st.nbytes())
             self.version[key] = t
-            self.phys[self.core.storage_of(t)] = st
+            self.key[t] = key
+            self.phys[self.core.storage_of(t)] = _Buf(st, owned=False)
             h = self.handle[t] = self._new_handle()
             self.alive[h] = t
             if self.recorder is not None:
@@ -137,17 +164,21 @@ class DTRMode(TorchDispatchMode):
 
     def poll(self) -> None:
         """Tell the core about tracked storages the program no longer references."""
-        dead = [h for h, t in self.alive.items()
-                if _use_count(self.phys[self.core.storage_of(t)]._cdata) <= 1]
+        phys, storage_of = self.phys, self.core.storage_of
+        dead = [h for h, t in self.alive.items() if phys[storage_of(t)].dead()]
         for h in dead:
             t = self.alive.pop(h)
+            key = self.key.pop(t, None)
+            if key is not None and self.version.get(key) == t:
+                del self.version[key]
             if self.recorder is not None:
                 self.recorder.release(h)
             self.core.release(t)
 
     # ------------------------------------------------------------- core hooks
     def _on_evict(self, s: int) -> None:
-        st = self.phys.get(s)
+        buf = self.phys.get(s)
+        st = buf.get() if buf is not None else None
         if st is not None:
             st.resize_(0)
 
@@ -158,14 +189,18 @@ class DTRMode(TorchDispatchMode):
             self.remat_seconds += time.perf_counter() - t0
 
     def _view(self, slot: Slot) -> torch.Tensor:
-        st = self.phys[self.core.storage_of(slot.tensor)]
+        st = self.phys[self.core.storage_of(slot.tensor)].get()
         return torch.empty(0, dtype=slot.dtype, device=st.device).set_(st, slot.offset, slot.size, slot.stride)
 
     def _refill(self, t: int) -> torch.UntypedStorage:
+        """The storage of version t, with its bytes allocated (dtr's own buffer if the program dropped it)."""
         s = self.core.storage_of(t)
-        st = self.phys[s]
         n = self.core.storage_size(s)
-        if st.nbytes() != n:
+        st = self.phys[s].get()
+        if st is None:
+            st = torch.UntypedStorage(n, device=self.device)
+            self.phys[s] = _Buf(st, owned=True)
+        elif st.nbytes() != n:
             st.resize_(n)
         return st
 
@@ -176,7 +211,7 @@ class DTRMode(TorchDispatchMode):
             if new < 0:  # a constant's side effect: run it on a copy and drop it
                 leaves[pos] = leaves[pos].clone()
             else:        # the new version starts as a copy of the old one
-                self._refill(new).copy_(self.phys[self.core.storage_of(old)])
+                self._refill(new).copy_(self.phys[self.core.storage_of(old)].get())
                 leaves[pos] = self._view(r.leaves[pos]._replace(tensor=new))
         args, kwargs = tree_unflatten(leaves, r.spec)
         if r.rng is not None:  # replay the random op with the generator state it first saw
@@ -240,7 +275,8 @@ class DTRMode(TorchDispatchMode):
         if pred.sizes is None:  # no meta kernel: run it first, account for it after
             return self._run_unpredicted(func, args, kwargs, leaves, spec, ins, tpos)
         sizes = list(pred.sizes)
-        if self.ops_seen % _POLL_EVERY == 0 or (core.budget >= 0 and core.memory + sum(sizes) > core.budget):
+        if self.ops_seen % _POLL_EVERY == 0 or (core.budget >= 0 and core.memory + sum(sizes) > core.budget) \
+                or not all(map(core.defined, ins)):  # a recomputation must not read a storage just dropped
             self.poll()
         rng = _rng_state(leaves[tpos[0]].device) if torch.Tag.nondeterministic_seeded in func.tags else None
 
@@ -285,7 +321,8 @@ class DTRMode(TorchDispatchMode):
             if st.nbytes() != sizes[k]:
                 log.warning("dtr: %s allocated %d bytes where %d were predicted", func, st.nbytes(), sizes[k])
             self.version[st._cdata] = t
-            self.phys[core.storage_of(t)] = st
+            self.key[t] = st._cdata
+            self.phys[core.storage_of(t)] = _Buf(st, owned=False)
             h = self.handle[t] = self._new_handle()
             self.alive[h] = t
             out_slots.append((pos, _slot(t, o)))
@@ -294,9 +331,11 @@ class DTRMode(TorchDispatchMode):
             new = outs[len(sizes) + k]
             st = leaves[pos].untyped_storage()
             # The old version loses its buffer to the new one (see Note [Versions]).
-            self.phys[core.storage_of(old)] = torch.UntypedStorage(0, device=st.device)
-            self.phys[core.storage_of(new)] = st
+            self.phys[core.storage_of(old)] = _Buf(torch.UntypedStorage(0, device=st.device), owned=True)
+            self.phys[core.storage_of(new)] = _Buf(st, owned=False)
             self.version[st._cdata] = new
+            self.key.pop(old, None)
+            self.key[new] = st._cdata
             h = self.handle[new] = self.handle[old]
             if h in self.alive:
                 self.alive[h] = new
