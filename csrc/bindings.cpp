@@ -103,6 +103,7 @@ PYBIND11_MODULE(_C, m) {
       .def("end_call", &Core::end_call)
       .def("abort_call", &Core::abort_call)
       .def("protect", &Core::protect)
+      .def("collect", &Core::collect)
       .def("retain", &Core::retain)
       .def("release", &Core::release)
       .def("require", &Core::require)

@@ -213,6 +213,40 @@ std::vector<int> Core::call_inplace(const std::vector<int>& inputs, const std::v
   return out;
 }
 
+std::vector<int> Core::collect() {
+  const uint64_t mark = ++stamp_;
+  std::vector<int> stack;
+  for (size_t s = 0; s < storages_.size(); ++s) {
+    Storage& st = storages_[s];
+    if ((st.refs > 0 && !st.banished) || st.locks > (st.pinned ? 1 : 0)) {
+      st.mark = mark;                        // referenced: kept
+      if (!st.pinned) stack.push_back(int(s));  // and may be recomputed: keeps its dependencies
+    }
+  }
+  while (!stack.empty()) {  // a storage that may be recomputed needs its dependencies
+    int s = stack.back();
+    stack.pop_back();
+    for (int d : storages_[s].deps) {
+      Storage& ds = storages_[d];
+      if (ds.mark == mark) continue;
+      ds.mark = mark;
+      if (!ds.pinned) stack.push_back(d);
+    }
+  }
+  std::vector<int> out;
+  for (size_t o = 0; o < ops_.size(); ++o) {
+    Op& op = ops_[o];
+    if (op.collected) continue;
+    bool needed = false;
+    for (int t : op.outputs) needed = needed || storages_[tensors_[t].storage].mark == mark;
+    if (needed) continue;
+    op.collected = true;
+    for (int t : op.outputs) storages_[tensors_[t].storage].collected = true;
+    out.push_back(int(o));
+  }
+  return out;
+}
+
 void Core::protect(int sid) {
   // Walk the storages computed from `sid` (not through constants): every one
   // still referenced must not need `sid`'s old value again.

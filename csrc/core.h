@@ -125,6 +125,12 @@ class Core {
   // Before a constant is overwritten in place: every live storage whose
   // recomputation would read its old value is brought back and pinned.
   void protect(int storage);
+  // Garbage collection of the graph: the ops none of whose output storages
+  // can be needed again (not referenced, and not needed to recompute anything
+  // that is referenced, except through constants). Each op is returned once;
+  // the core's decisions are unaffected (a driver drops its recipes).
+  // O(storages + edges).
+  std::vector<int> collect();
 
   // --- references, locks -----------------------------------------------------
   void retain(int t);
@@ -194,6 +200,7 @@ class Core {
     std::vector<int> inplace_of;  // per output: input index it overwrites in place, or -1
     int64_t total_size = 0;
     int64_t inplace_bytes = 0;   // bytes of outputs that reuse an input's buffer (first compute)
+    bool collected = false;
   };
   struct Storage {
     int64_t size = 0;
@@ -205,6 +212,7 @@ class Core {
     int64_t refs = 0;
     bool resident = false, pinned = false, banished = false, banish_pending = false;
     bool evict_on_unlock = false;  // its last reference died while it was locked
+    bool collected = false;        // returned by collect(): never needed again
     double cost = 0;
     double last_access = -std::numeric_limits<double>::infinity();
     int pool_pos = -1;

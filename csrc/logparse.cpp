@@ -280,11 +280,11 @@ class V1Reader {
     static const std::unordered_map<std::string, void (V1Reader::*)(const JValue&)> table = {
         {"meta", &V1Reader::meta},         {"constant", &V1Reader::constant}, {"call", &V1Reader::call},
         {"mutate", &V1Reader::mutate},     {"copy", &V1Reader::copy},         {"copyfrom", &V1Reader::copyfrom},
-        {"release", &V1Reader::release},
+        {"release", &V1Reader::release},   {"pin", &V1Reader::pin},
     };
     auto it = table.find(op);
     if (it == table.end())
-      r_.error("unknown op '" + op + "' (valid: meta, constant, call, mutate, copy, copyfrom, release)");
+      r_.error("unknown op '" + op + "' (valid: meta, constant, call, mutate, copy, copyfrom, release, pin)");
     (this->*(it->second))(o);
     seen_instr_ = seen_instr_ || op != "meta";
   }
@@ -371,6 +371,11 @@ class V1Reader {
     r_.emit(std::move(ins));
   }
   void copy(const JValue& o) { r_.handle_op(InstrKind::Copy, o, "src", "dst"); }
+  void pin(const JValue& o) {
+    Instr ins{InstrKind::Pin};
+    ins.in.push_back(r_.use(r_.str_field(o, "id")));
+    r_.emit(std::move(ins));
+  }
   void copyfrom(const JValue& o) { r_.handle_op(InstrKind::CopyFrom, o, "src", "dst"); }
   void release(const JValue& o) { r_.handle_op(InstrKind::Release, o, "id", nullptr); }
 };

@@ -20,6 +20,7 @@ enum class InstrKind : uint8_t {
   Copy = 3,      // out[0] = new handle to in[0]'s tensor
   CopyFrom = 4,  // existing handle out[0] now refers to in[0]'s tensor
   Release = 5,   // handle in[0] dies
+  Pin = 6,       // handle in[0]'s tensor becomes a constant (brought back if needed, never evicted)
 };
 
 struct Instr {

@@ -62,10 +62,12 @@ struct Replayer {
     core.release(tensor_of[i.in[0]]);
     tensor_of[i.in[0]] = -1;
   }
+  void pin(const Instr& i) { core.pin(tensor_of[i.in[0]]); }
   void run(const Instr& i) {
     using Handler = void (Replayer::*)(const Instr&);
     static constexpr Handler table[] = {&Replayer::constant, &Replayer::call,     &Replayer::mutate,
-                                        &Replayer::copy,     &Replayer::copyfrom, &Replayer::release};
+                                        &Replayer::copy,     &Replayer::copyfrom, &Replayer::release,
+                                        &Replayer::pin};
     (this->*table[static_cast<int>(i.kind)])(i);
   }
   // simrd's output condition: every tensor still referenced is wanted.

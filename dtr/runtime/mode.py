@@ -53,6 +53,17 @@ __all__ = ["DTRMode", "Slot"]
 
 log = logging.getLogger("dtr.runtime")
 _POLL_EVERY = 16
+_MAX_VERSIONS = 8   # see Note [Version chains]
+_GC_MIN_OPS = 256
+
+# Note [Version chains]
+# Each in-place write makes a new version computed from the old one, so a
+# buffer written every step (optimizer state, accumulated gradients) would keep
+# a recomputation chain, and its recipes, as long as the run. After
+# _MAX_VERSIONS consecutive in-place versions the storage is pinned: it becomes
+# a constant (it is long-lived anyway), and its history can be collected.
+# Activations rarely see more than two or three in-place writes (ReLU(inplace),
+# a residual +=), so they stay evictable.
 
 
 class _Buf:
@@ -127,6 +138,9 @@ class DTRMode(TorchDispatchMode):
         self.predictions: Dict[Any, _Prediction] = {}
         self.remat_seconds = 0.0
         self.ops_seen = 0
+        self.versions: Dict[int, int] = {}          # core tensor -> in-place versions behind it
+        self._ops_at_gc = 0
+        self._live_after_gc = 0
         self._next_handle = 0
         core.set_hooks(on_evict=self._on_evict, on_compute=self._on_compute)
 
@@ -347,9 +361,20 @@ class DTRMode(TorchDispatchMode):
                                mutated=[self.handle[old] for _, old in plain_writes] +
                                [self.handle[t] for _, t in const_writes])
         core.end_call(op, cost)
-        where = {i: k for k, i in enumerate(tpos)}
-        rleaves = [_slot(ins[where[i]], x) if i in where else x for i, x in enumerate(leaves)]
-        self.recipes[op] = Recipe(func, rleaves, spec, out_slots, writes, rng)
+        if out_slots or writes:  # ops that produce nothing are never recomputed
+            where = {i: k for k, i in enumerate(tpos)}
+            rleaves = [_slot(ins[where[i]], x) if i in where else x for i, x in enumerate(leaves)]
+            self.recipes[op] = Recipe(func, rleaves, spec, out_slots, writes, rng)
+        for _, old, new in writes:
+            if new < 0:
+                continue
+            n = self.versions[new] = self.versions.pop(old, 0) + 1
+            if n >= _MAX_VERSIONS:
+                if self.recorder is not None:
+                    self.recorder.pin(self.handle[new])
+                core.pin(new)
+        if self.ops_seen - self._ops_at_gc > max(_GC_MIN_OPS, self._live_after_gc):
+            self.collect()
         limit = self.thrash_limit
         if limit is not None and core.base_compute > 0 and core.remat_compute > (limit - 1) * core.base_compute:
             raise ThrashingError(core.remat_compute, (limit - 1) * core.base_compute, f"while running {func}")
@@ -401,6 +426,24 @@ class DTRMode(TorchDispatchMode):
                 if self._trackable(x):
                     wanted.append(id(x))
         return [i for i, x in enumerate(leaves) if id(x) in wanted and isinstance(x, torch.Tensor)]
+
+    def collect(self) -> None:
+        """Drop the recipes and buffers of ops the core will never recompute (graph GC)."""
+        self._ops_at_gc = self.ops_seen
+        core = self.core
+        for op in core.collect():
+            r = self.recipes.pop(op, None)
+            if r is None:
+                continue
+            dropped = [slot.tensor for _, slot in r.outputs] + [new for _, _, new in r.writes if new >= 0]
+            for t in dropped:
+                self.phys.pop(core.storage_of(t), None)
+                self.handle.pop(t, None)
+                self.versions.pop(t, None)
+                key = self.key.pop(t, None)
+                if key is not None and self.version.get(key) == t:
+                    del self.version[key]
+        self._live_after_gc = len(self.recipes)
 
     # ------------------------------------------------------------------ closing
     def finish(self) -> None:

@@ -50,6 +50,10 @@ class LogRecorder:
             line["mutated"] = list(mutated)
         self._write(line)
 
+    def pin(self, handle: str) -> None:
+        """The handle's tensor becomes a constant (an extension of v1)."""
+        self._write({"op": "pin", "id": handle})
+
     def release(self, handle: str) -> None:
         self._write({"op": "release", "id": handle})
 
