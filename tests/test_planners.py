@@ -150,6 +150,7 @@ def test_rotor_on_toy_chain_and_not_on_dags():
 
 
 def test_ilp_is_optimal_and_unbeaten_by_order_keeping_schedules():
+    from dtr.sim.planners.checkmate import _verify_point, build_ilp, ilp_point
     for seed in range(4):
         g = graph_from_log(parse_text(random_dag(seed, n=7)))
         pg = plan_graph(g)
@@ -159,12 +160,15 @@ def test_ilp_is_optimal_and_unbeaten_by_order_keeping_schedules():
         ilp, ev_ilp = _run("checkmate", g, pg, budget)
         if ilp.status == "infeasible":
             continue
+        model = build_ilp(pg, budget)
         assert ilp.status == "optimal" and ilp.gap is not None and ilp.gap <= 1e-6
         for name in ("chen", "checkmate-lp", "fastsa"):
             r, ev = _run(name, g, pg, budget)
             if ev is not None and r.sequence is not None:
-                firsts = list(dict.fromkeys(r.sequence))
-                if firsts == sorted(firsts):  # keeps the log's order of first computations
+                # schedules in the ILP's own space (the log's order of first computations,
+                # at most one computation of a node per stage, fitting its memory model)
+                vals = ilp_point(pg, model, list(r.sequence))
+                if vals is not None and _verify_point(model, vals, 10) is not None:
                     assert ev.total_compute >= ev_ilp.total_compute - 1e-9, name
         best = brute_force(pg, budget)
         assert best is not None and ev_ilp.total_compute >= best - 1e-9
@@ -251,3 +255,51 @@ def test_cli_stays_light():
             "bad = [m for m in ('numpy', 'scipy', 'matplotlib', 'torch') if m in sys.modules]; print(bad)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_ilp_point_of_rotor_plan_is_ilp_feasible():
+    from dtr.sim.planners.checkmate import _verify_point, build_ilp, ilp_point
+    g = graph_from_log(parse_text(chain_log(10)))
+    pg = plan_graph(g)
+    r = run_planner("rotor", pg, 5)
+    model = build_ilp(pg, 5)
+    vals = ilp_point(pg, model, list(r.sequence))
+    x = _verify_point(model, vals, 10)
+    assert x is not None and float(model.c @ x) == pytest.approx(r.predicted_cost)
+    assert ilp_point(pg, model, list(reversed(range(pg.n)))) is None  # not the log's order
+
+
+def test_ilp_proves_toy_chain_optimal_with_rotor_cutoff():
+    g = graph_from_log(parse_text(chain_log(20)))
+    pg = plan_graph(g)
+    r, ev = _run("checkmate", g, pg, 7, PlanOptions(time_limit=20))
+    assert r.status == "optimal" and r.gap == 0.0
+    assert ev.total_compute == run_planner("rotor", pg, 7).predicted_cost
+
+
+def test_ilp_time_limit_falls_back_to_a_valid_schedule_with_a_gap():
+    g = graph_from_log(parse_text(chain_log(40)))
+    pg = plan_graph(g)
+    r, ev = _run("checkmate", g, pg, 9, PlanOptions(time_limit=1))
+    assert r.sequence is not None and ev.valid
+    assert r.status in ("optimal", "ok", "timeout")
+    if r.status == "timeout":
+        assert r.gap is not None and 0.0 <= r.gap < 1.0 and "gap against" in r.message
+
+
+def test_lp_rounding_is_close_on_toy_chain():
+    g = graph_from_log(parse_text(chain_log(16)))
+    pg = plan_graph(g)
+    r, ev = _run("checkmate-lp", g, pg, 8, FAST)
+    assert r.status == "ok" and ev.overhead <= 1.8
+
+
+def test_fastsa_warm_start_fits_long_chain():
+    g = graph_from_log(parse_text(chain_log(300)))
+    pg = plan_graph(g)
+    b = 2 * math.ceil(2 * math.sqrt(300))
+    cold, _ = _run("fastsa", g, pg, b, PlanOptions(time_limit=1.5, warm_start=False))
+    warm, ev = _run("fastsa", g, pg, b, PlanOptions(time_limit=1.5))
+    assert cold.status == "oom"
+    assert warm.status == "ok" and ev.valid and "plan" in warm.message
+    assert ev.total_compute <= run_planner("chen", pg, b).predicted_cost + 1e-9

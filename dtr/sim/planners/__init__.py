@@ -24,8 +24,8 @@ __all__ = ["PlanOptions", "PlanResult", "register_planner", "get_planner", "plan
 
 #: Statuses a planner reports: ``optimal`` (proven, gap tolerance <= 1e-6),
 #: ``ok`` (a schedule within the budget), ``infeasible`` (none exists, or none
-#: was found by a heuristic planner), ``timeout`` (the time limit passed with
-#: no schedule), ``n/a`` (the planner does not apply to this graph).
+#: was found by a heuristic planner), ``timeout`` (the time limit passed: no
+#: schedule, or for the ILP the heuristic incumbent it could not improve on, with a gap), ``n/a`` (the planner does not apply to this graph).
 STATUSES = ("optimal", "ok", "infeasible", "timeout", "n/a")
 
 
@@ -40,6 +40,8 @@ class PlanOptions:
         rounds: randomized rounding attempts of ``checkmate-lp``.
         sa_steps: FastSA's iterations (0: until the time limit or its default).
         rotor_slots: memory discretization of Rotor (slots of the budget).
+        warm_start: FastSA starts from Rotor's or Chen's plan when one fits
+            (else from the log's order); the ILP gets their cost as a cutoff.
     """
 
     time_limit: float = 60.0
@@ -48,6 +50,7 @@ class PlanOptions:
     rounds: int = 32
     sa_steps: int = 0
     rotor_slots: int = 256
+    warm_start: bool = True
 
 
 @dataclass(frozen=True)

@@ -41,11 +41,42 @@ __all__ = ["plan_checkmate", "plan_checkmate_lp", "build_ilp", "IlpModel"]
 # when HiGHS proves optimality with mip_rel_gap <= 1e-6; on the time limit
 # with an incumbent the status is ``ok`` and ``gap`` is HiGHS's relative gap.
 #
-# ``checkmate-lp`` solves the LP relaxation and rounds it as Checkmate does
-# (two-phase rounding): draw S[t,i] ~ Bernoulli(S*_lp[t,i]) (plus the
-# deterministic S* >= 0.5 rounding), then derive the least R that the drawn S
-# needs (a node is computed in stage t when stage t needs it and it is not
-# resident), and keep the cheapest rounding whose schedule fits the budget.
+# Note [ILP incumbents and gaps]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# HiGHS alone finds no feasible point of the ILP on ~100-node chains within
+# minutes (its root LP bound is already tight there; the primal side fails).
+# scipy's milp takes no start solution, so the planner (with
+# ``options.warm_start``) first runs Rotor and Chen, keeps the cheapest plan
+# within the budget, maps it to the ILP's R/S variables (``ilp_point``: the
+# log's order of first computations, one computation per node and stage) and
+# checks with the solver that it is feasible in the ILP's memory model (all
+# R/S fixed). Its cost C then becomes an objective cutoff row
+# sum c R <= C - delta (delta 0.5 for integral costs, else a relative 1e-7):
+# HiGHS searches only for strictly cheaper schedules, and its bound pruning
+# works from the start. Outcomes:
+# - HiGHS finds a solution: ``optimal`` (proven, gap <= 1e-6) or ``ok``
+#   (time limit; HiGHS's own relative gap);
+# - HiGHS proves the cut-off model infeasible: nothing in the ILP is cheaper
+#   than the incumbent, which is therefore an ILP optimum when it is in the
+#   ILP's space (``optimal``, gap 0), else ``ok`` (gap 0: as cheap as the ILP);
+# - time limit with nothing cheaper: ``timeout`` with the incumbent's schedule
+#   and gap = (C - L) / C, where L is HiGHS's dual bound (a lower bound on
+#   every ILP schedule: the cut-off model's bound, capped at C) or, when
+#   HiGHS has none yet, the base compute (every node once);
+# - no incumbent and no solution: ``timeout`` (or ``infeasible``), no schedule.
+# Gap is relative to the schedule returned, against a lower bound for the ILP
+# (the log's order), not for every possible schedule.
+#
+# ``checkmate-lp`` solves the LP relaxation and rounds it in two phases
+# (Checkmate's scheme): round S, then take the least R that the rounded S
+# needs (``round_forward``: stage by stage, compute t and the inputs that are
+# not resident; a rounded S = 1 for a value that is not available is dropped,
+# not recomputed). S is rounded with per-node thresholds (keep i into stage
+# t when S*[t,i] > tau_i): 19 uniform thresholds 0.05..0.95, ``rounds``
+# random per-node thresholds, and ``rounds`` independent Bernoulli(S*) draws;
+# then a local search over the per-node thresholds of the best rounding
+# (each node's tau tried at -1, 0.1..0.9, 1; up to 3 passes, within the time
+# limit). The cheapest rounding whose schedule fits the budget is kept.
 
 
 @dataclass
@@ -196,53 +227,205 @@ def _ilp_cost(pg: PlanGraph, seq: List[int]) -> float:
     return float(sum(pg.cost[v] for v in seq))
 
 
+def ilp_point(pg: PlanGraph, model: IlpModel, seq: List[int]):
+    """The R and S values of a compute sequence in the ILP's variables, or None.
+
+    The sequence must compute the nodes for the first time in the log's order
+    (stage t then ends with the first computation of t) and compute a node at
+    most once per stage. S[t,i] = 1 when the value of i alive at the start of
+    stage t is read later (or is wanted or a constant). Whether the point is
+    feasible in the ILP (its memory model) is checked by the solver
+    (:func:`_verify_point`).
+    """
+    import numpy as np
+    n = pg.n
+    first = [-1] * n
+    for p, v in enumerate(seq):
+        if first[v] < 0:
+            first[v] = p
+    if any(first[i] < 0 for i in range(n)) or any(first[i] >= first[i + 1] for i in range(n - 1)):
+        return None
+    stage_of = []
+    t = 0
+    for p in range(len(seq)):
+        while first[t] < p:
+            t += 1
+        stage_of.append(t)
+    x = {}
+    for p, v in enumerate(seq):
+        key = model.r(stage_of[p], v)
+        if key in x:
+            return None  # twice in one stage
+        x[key] = 1.0
+    # lifetime of each computation: [p, last read before the next computation]
+    # (to the end for the last computation of a wanted node or a constant)
+    latest = [-1] * n
+    end = list(range(len(seq)))
+    for p, v in enumerate(seq):
+        for d in pg.deps[v]:
+            end[latest[d]] = p
+        latest[v] = p
+    for v in range(n):
+        if pg.wanted[v] or pg.pinned[v]:
+            end[latest[v]] = len(seq)
+    start = [first[t - 1] + 1 for t in range(1, n + 1)]  # stage t starts here (t = 1..n)
+    start.append(len(seq) + 1)
+    for p, v in enumerate(seq):
+        t = stage_of[p] + 1
+        while t <= n and start[t - 1] <= end[p]:
+            x[model.s(t, v)] = 1.0
+            t += 1
+    vals = np.zeros(model.num_r + model.num_s)
+    for k, val in x.items():
+        vals[k] = val
+    return vals
+
+
+def _verify_point(model: IlpModel, vals, time_limit: float):
+    """Is the R/S point feasible in the ILP? Returns the full solution vector or None."""
+    import numpy as np
+    from scipy.optimize import Bounds, LinearConstraint, milp
+    k = model.num_r + model.num_s
+    lb, ub = model.lb.copy(), model.ub.copy()
+    if np.any(vals < lb[:k] - 1e-9) or np.any(vals > ub[:k] + 1e-9):
+        return None
+    lb[:k] = vals
+    ub[:k] = vals
+    res = milp(model.c, constraints=LinearConstraint(model.A, model.lo, model.hi), bounds=Bounds(lb, ub),
+               integrality=model.integrality, options={"time_limit": max(1.0, time_limit), "disp": False})
+    return res.x if res.status == 0 and res.x is not None else None
+
+
+def heuristic_incumbents(pg: PlanGraph, budget: int, options: PlanOptions) -> List[Tuple[float, str, List[int]]]:
+    """Valid sequences within the budget from the fast planners (Rotor, Chen), cheapest first."""
+    from dtr.sim.planners import get_planner
+    out = []
+    for name in ("rotor", "chen"):
+        try:
+            r = get_planner(name)(pg, budget, options)
+        except Exception:  # a heuristic failing must not stop the ILP
+            continue
+        if r.sequence is None:
+            continue
+        peak, cost = sequence_profile(pg, sequence_steps(pg, list(r.sequence)))
+        if peak <= budget:
+            out.append((cost, name, list(r.sequence)))
+    out.sort(key=lambda c: c[0])
+    return out
+
+
 @register_planner("checkmate")
 def plan_checkmate(pg: PlanGraph, budget: int, options: PlanOptions) -> PlanResult:
     """Solve the Checkmate ILP with HiGHS within ``options.time_limit`` seconds.
 
+    See Note [ILP incumbents and gaps].
+
     Returns:
         ``optimal`` (proven, gap <= ``gap_tol``), ``ok`` (time limit with an
-        incumbent; ``gap`` set), ``timeout`` (no incumbent), or ``infeasible``.
+        incumbent; ``gap`` set), ``timeout`` (HiGHS found nothing better than
+        the heuristic incumbent, or nothing at all, within the time limit;
+        the heuristic schedule is returned when there is one, ``gap`` against
+        HiGHS's lower bound), or ``infeasible``.
     """
+    import time
+    import numpy as np
     from scipy.optimize import Bounds, LinearConstraint, milp
+    from scipy.sparse import csr_matrix, vstack
+    t0 = time.perf_counter()
     if pg.pinned_bytes > budget:
         return PlanResult("checkmate", "infeasible", None, message="the constants alone exceed the budget")
     model = build_ilp(pg, budget)
-    res = milp(model.c, constraints=LinearConstraint(model.A, model.lo, model.hi),
+    inc = None  # (cost, name, seq, in the ILP's space)
+    for cost, name, seq in (heuristic_incumbents(pg, budget, options) if options.warm_start else []):
+        vals = ilp_point(pg, model, seq)
+        left = options.time_limit - (time.perf_counter() - t0)
+        ok = vals is not None and left > 1 and _verify_point(model, vals, min(10.0, left / 4)) is not None
+        if inc is None or ok:
+            inc = (cost, name, seq, ok)
+        if ok:
+            break
+    A, lo, hi = model.A, model.lo, model.hi
+    cutoff = None
+    if inc is not None:
+        integral = all(float(c).is_integer() for c in pg.cost)
+        cutoff = inc[0] - 0.5 if integral else inc[0] - 1e-7 * max(1.0, abs(inc[0]))
+        A = vstack([A, csr_matrix(model.c.reshape(1, -1))]).tocsr()
+        lo = np.append(lo, -np.inf)
+        hi = np.append(hi, cutoff)
+    left = max(1.0, options.time_limit - (time.perf_counter() - t0))
+    res = milp(model.c, constraints=LinearConstraint(A, lo, hi),
                bounds=Bounds(model.lb, model.ub), integrality=model.integrality,
-               options={"time_limit": float(options.time_limit), "mip_rel_gap": float(options.gap_tol),
-                        "disp": False})
-    gap = getattr(res, "mip_gap", None)
-    gap = None if gap is None or not math.isfinite(gap) else float(gap)
-    if res.x is None:
+               options={"time_limit": float(left), "mip_rel_gap": float(options.gap_tol), "disp": False})
+    size = f"{model.A.shape[1]} variables, {model.A.shape[0]} constraints"
+    bound = getattr(res, "mip_dual_bound", None)
+    bound = None if bound is None or not math.isfinite(bound) else float(bound)
+    if res.x is not None:
+        seq = _sequence_from_r(model, res.x)
+        gap = getattr(res, "mip_gap", None)
+        gap = None if gap is None or not math.isfinite(gap) else float(gap)
+        status = "optimal" if res.status == 0 and options.gap_tol <= 1e-6 else "ok"
+        if status == "optimal":
+            gap = 0.0 if gap is None else gap
+        extra = f"; better than {inc[1]}'s {inc[0]:g}" if inc is not None else ""
+        return PlanResult("checkmate", status, tuple(seq), gap=gap, predicted_cost=float(res.fun),
+                          message=f"{size}{extra}")
+    if inc is None:
         if res.status == 2:
-            return PlanResult("checkmate", "infeasible", None, gap=gap, message=res.message)
-        return PlanResult("checkmate", "timeout", None, gap=gap, message=res.message)
-    seq = _sequence_from_r(model, res.x)
-    status = "optimal" if res.status == 0 and options.gap_tol <= 1e-6 else "ok"
-    if status == "optimal":
-        gap = 0.0 if gap is None else gap
-    return PlanResult("checkmate", status, tuple(seq), gap=gap, predicted_cost=float(res.fun),
-                      message=f"{model.A.shape[1]} variables, {model.A.shape[0]} constraints")
+            return PlanResult("checkmate", "infeasible", None, message=res.message)
+        return PlanResult("checkmate", "timeout", None, message=f"{size}; no schedule found; {res.message}")
+    cost, name, seq, in_space = inc
+    if res.status == 2:  # nothing in the ILP is cheaper than the incumbent
+        if in_space:
+            return PlanResult("checkmate", "optimal", tuple(seq), gap=0.0, predicted_cost=cost,
+                              message=f"{size}; HiGHS proved no ILP schedule cheaper than {name}'s {cost:g}, "
+                                      f"which is in the ILP's space")
+        return PlanResult("checkmate", "ok", tuple(seq), gap=0.0, predicted_cost=cost,
+                          message=f"{size}; HiGHS proved no ILP schedule cheaper than {name}'s {cost:g} "
+                                  f"(outside the ILP's space)")
+    # Lower bound: HiGHS's dual bound when it has one, else every node once.
+    base = float(sum(pg.cost))
+    low, what = (min(bound, cost), "HiGHS's lower bound") if bound is not None and bound >= base else \
+        (base, "the base compute (HiGHS had no bound yet)")
+    gap = max(0.0, (cost - low) / abs(cost)) if cost else 0.0
+    return PlanResult("checkmate", "timeout", tuple(seq), gap=gap, predicted_cost=cost,
+                      message=f"{size}; time limit: HiGHS found nothing cheaper than {name}'s schedule ({cost:g}"
+                              f"{', in the ILP space' if in_space else ''}); gap against {what} {low:g}")
 
 
-def _round(pg: PlanGraph, S_rows: List[set]) -> List[int]:
-    """Two-phase rounding: the least R (as a sequence) that a drawn S needs."""
+def round_forward(pg: PlanGraph, keep) -> List[int]:
+    """Two-phase rounding, feasibility-restoring: the least R for a rounded S, stage by stage.
+
+    ``keep(t, i)`` says whether node i, available at the end of stage t-1
+    (resident before, or computed in it), stays resident into stage t. Stage
+    t computes t and, recursively, every input that is not resident (in
+    topological order); what it computed is available for ``keep``. A
+    rounded S[t,i] = 1 for a value that is not available is dropped instead
+    of recomputed (the cheapest repair). Wanted values missing at the end are
+    recomputed last.
+    """
     n = pg.n
+    deps, pinned = pg.deps, pg.pinned
+    resident: set = set()
     seq: List[int] = []
-    for t in range(n):
-        have = set(S_rows[t])
-        need = set(S_rows[t + 1]) - have
-        need.add(t)
-        # close under inputs that are not resident
-        stack = list(need)
+
+    def closure(roots) -> List[int]:
+        need: set = set()
+        stack = [v for v in roots if v not in resident]
         while stack:
             v = stack.pop()
-            for d in pg.deps[v]:
-                if d not in have and d not in need:
-                    need.add(d)
-                    stack.append(d)
-        seq.extend(sorted(need))
+            if v in need:
+                continue
+            need.add(v)
+            stack.extend(d for d in deps[v] if d not in resident and d not in need)
+        return sorted(need)
+
+    for t in range(n):
+        need = closure([t])
+        seq.extend(need)
+        avail = resident.union(need)
+        resident = {i for i in avail if pinned[i] or keep(t + 1, i)}
+    missing = [i for i in range(n) if pg.wanted[i] and i not in resident]
+    seq.extend(closure(missing))
     return seq
 
 
@@ -255,7 +438,9 @@ def plan_checkmate_lp(pg: PlanGraph, budget: int, options: PlanOptions) -> PlanR
         when the LP is, ``oom`` when no rounding fits, ``timeout`` when the LP
         ran out of time.
     """
+    import time
     from scipy.optimize import linprog
+    t_start = time.perf_counter()
     if pg.pinned_bytes > budget:
         return PlanResult("checkmate-lp", "infeasible", None, message="the constants alone exceed the budget")
     model = build_ilp(pg, budget)
@@ -278,28 +463,77 @@ def plan_checkmate_lp(pg: PlanGraph, budget: int, options: PlanOptions) -> PlanR
         return PlanResult("checkmate-lp", "timeout", None, message=str(res.message))
     x = res.x
     n = pg.n
-    probs = [[min(1.0, max(0.0, x[model.s(t, i)])) for i in range(t)] for t in range(1, n + 1)]
+    probs = {}
+    for t in range(1, n + 1):
+        for i in range(t):
+            p = float(x[model.s(t, i)])
+            if p > 1e-9:
+                probs[(t, i)] = min(1.0, p)
+
+    def prob(t: int, i: int) -> float:
+        return probs.get((t, i), 0.0)
+
     rng = random.Random(options.seed)
     best: Optional[Tuple[float, int, List[int]]] = None
     tries = 0
     lowest = None
-    for r in range(max(1, options.rounds) + 1):
-        S_rows: List[set] = [set()]
-        for t in range(1, n + 1):
-            p = probs[t - 1]
-            if r == 0:
-                S_rows.append({i for i in range(t) if p[i] >= 0.5 or pg.pinned[i]})
-            else:
-                S_rows.append({i for i in range(t) if pg.pinned[i] or rng.random() < p[i]})
-        for i in range(n):
-            if pg.wanted[i] or pg.pinned[i]:
-                S_rows[n].add(i)
-        seq = _round(pg, S_rows)
+    seen = set()
+    rules = [("threshold", tau / 20.0) for tau in range(1, 20)]
+    for r in range(max(1, options.rounds)):
+        rules.append(("node", r))
+        rules.append(("draw", r))
+    best_taus: Optional[List[float]] = None
+
+    def attempt(keep, taus=None) -> bool:
+        nonlocal best, best_taus, tries, lowest
+        seq = round_forward(pg, keep)
+        key = tuple(seq)
+        if key in seen:
+            return False
+        seen.add(key)
         peak, cost = sequence_profile(pg, sequence_steps(pg, seq))
         tries += 1
         lowest = peak if lowest is None else min(lowest, peak)
         if peak <= budget and (best is None or (cost, peak) < (best[0], best[1])):
             best = (cost, peak, seq)
+            if taus is not None:
+                best_taus = list(taus)
+            return True
+        return False
+
+    def per_node(taus):
+        return lambda t, i: prob(t, i) > taus[i]
+
+    for kind, arg in rules:
+        if kind == "threshold":  # a per-node threshold vector, all equal
+            taus = [arg - 1e-9] * n
+        elif kind == "node":  # one uniform per node: consistent across stages
+            taus = [rng.random() for _ in range(n)]
+        else:  # Checkmate's independent Bernoulli(S*) per stage and node
+            attempt(lambda t, i: prob(t, i) > rng.random())
+            continue
+        attempt(per_node(taus), taus)
+    # Local search on the per-node thresholds of the best valid rounding: keep
+    # a node more (or less) often when that is cheaper and still fits.
+    deadline = time.perf_counter() + max(0.0, options.time_limit - (time.perf_counter() - t_start))
+    grid = (-1.0, 0.1, 0.3, 0.5, 0.7, 0.9, 1.0)
+    for _ in range(3):
+        if best_taus is None:
+            break
+        improved = False
+        for i in range(n):
+            if pg.pinned[i] or time.perf_counter() > deadline:
+                continue
+            base = best_taus
+            for tau in grid:
+                if tau == base[i]:
+                    continue
+                taus = list(base)
+                taus[i] = tau
+                if attempt(per_node(taus), taus):
+                    improved = True
+        if not improved:
+            break
     if best is None:
         return PlanResult("checkmate-lp", "oom", None,
                           message=f"no rounding of {tries} fits; lowest peak {lowest} bytes; LP bound {res.fun:g}")
