@@ -225,3 +225,32 @@ def test_budget_holds_by_rss_high_water_mark(tmp_path):
     one_op = 2 * 4096 * 512 * 4  # one recomputed output and its copy (documented slack)
     assert got["stats"]["evictions"] > 0
     assert got["increase"] <= int(0.5 * plain) + one_op, (got["increase"], plain)
+
+
+def test_escaped_memory_is_never_evicted():
+    """After .numpy() the buffer belongs to NumPy too: dtr must never free it."""
+    torch.manual_seed(0)
+    model, x, y = MODELS["mlp"]()
+    big = torch.cat([x, x])
+    torch.manual_seed(5)
+    with torch.no_grad():
+        ref = [model[:k](x) for k in (2, 5, 8)]
+    ref0 = ref[0].numpy().copy()
+    act = x.shape[0] * 256 * 4
+    limit = constant_bytes(model, x, y, big) + 7 * act  # 3 held + a forward of `big` (~4.5) do not fit
+    torch.manual_seed(5)
+    with dtr.budget(limit, cost_model="flops") as b:
+        with torch.no_grad():
+            held = [model[:k](x) for k in (2, 5, 8)]
+            arr = held[0].numpy()
+            mode = b._mode
+            s = mode.core.storage_of(mode.version[held[0].untyped_storage()._cdata])
+            for _ in range(2):
+                model(big)
+                assert mode.core.resident(s)
+                assert (arr == ref0).all()  # (a torch view of arr would be a new tensor for dtr)
+            assert held[1].tolist() == ref[1].tolist()  # read out (brought back, not pinned)
+    assert b.stats["evictions"] > 0
+    assert torch.equal(torch.from_numpy(arr), ref[0])
+    for h, r in zip(held, ref):
+        assert torch.equal(h, r)

@@ -11,6 +11,7 @@ from torch.utils._python_dispatch import _disable_current_modes
 from dtr.core import Core
 from dtr.heuristics import Heuristic, get_heuristic
 from dtr.runtime.costs import get_cost_model
+from dtr.runtime.escapes import patch_escapes
 from dtr.runtime.mode import DTRMode
 from dtr.runtime.recorder import LogRecorder
 from dtr.units import parse_bytes
@@ -80,12 +81,14 @@ class Budget:
                 "cost_unit": self.cost_model.unit, "budget_bytes": self.budget_bytes,
                 "heuristic": self.heuristic.name, "recorded_by": "dtr.budget", "free_dead_constants": True})
         self._mode = DTRMode(self._core, self.cost_model, recorder, self.thrash_limit, self._device)
+        self._restore_escapes = patch_escapes(self._mode.escape)
         self._mode.__enter__()
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
         mode = self._mode
         try:
+            self._restore_escapes()
             mode.__exit__(exc_type, exc, tb)
             if exc_type is None:
                 with _disable_current_modes():

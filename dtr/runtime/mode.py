@@ -40,7 +40,7 @@ from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from dtr.core import Core
@@ -426,6 +426,24 @@ class DTRMode(TorchDispatchMode):
                 if self._trackable(x):
                     wanted.append(id(x))
         return [i for i, x in enumerate(leaves) if id(x) in wanted and isinstance(x, torch.Tensor)]
+
+    def escape(self, x: torch.Tensor, pin: bool = True) -> None:
+        """x's memory is about to leave PyTorch's view: bring it back and (with pin) never evict it."""
+        if not self._trackable(x):
+            return
+        key = x.untyped_storage()._cdata
+        t = self.version.get(key)
+        if t is None or self.phys[self.core.storage_of(t)].dead():
+            return  # not dtr's: nothing to bring back
+        with _disable_current_modes():
+            if not all(map(self.core.defined, [t])):
+                self.poll()
+            if pin:
+                if self.recorder is not None:
+                    self.recorder.pin(self.handle[t])
+                self.core.pin(t)
+            else:
+                self.core.require(t)
 
     def collect(self) -> None:
         """Drop the recipes and buffers of ops the core will never recompute (graph GC)."""
