@@ -41,7 +41,6 @@ from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
-from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from dtr.core import Core
 from dtr.errors import ThrashingError
@@ -105,6 +104,45 @@ class Recipe(NamedTuple):
     outputs: List[Tuple[int, Slot]]       # (flat output position, slot) of outputs that own a storage
     writes: List[Tuple[int, int, int]]    # (leaf position, old version, new version or -1 for a constant)
     rng: Optional[Tuple[Optional[torch.device], torch.Tensor]]
+
+
+# Note [Flattening]
+# Every dispatched op's arguments are flattened to find its tensors. At the
+# ATen level arguments are tensors, scalars and (nested) lists or tuples of
+# them, so a small recursive flattener does, at a fraction of the cost of the
+# general pytree machinery on this hot path.
+
+def _flat(x: Any, leaves: list) -> Any:
+    if isinstance(x, (list, tuple)):
+        return (list if isinstance(x, list) else tuple, [_flat(v, leaves) for v in x])
+    leaves.append(x)
+    return None
+
+
+def _unflat(spec: Any, it) -> Any:
+    if spec is None:
+        return next(it)
+    kind, items = spec
+    return kind(_unflat(s, it) for s in items)
+
+
+def tree_flatten(tree: Any) -> Tuple[list, Any]:
+    """Leaves of nested lists/tuples/dicts of values (dict keys kept in order), and a spec."""
+    leaves: list = []
+    if isinstance(tree, tuple) and len(tree) == 2 and isinstance(tree[1], dict):  # (args, kwargs)
+        args, kwargs = tree
+        spec = ("ak", _flat(args, leaves), [(k, _flat(v, leaves)) for k, v in kwargs.items()])
+    else:
+        spec = ("t", _flat(tree, leaves))
+    return leaves, spec
+
+
+def tree_unflatten(leaves: list, spec: Any) -> Any:
+    it = iter(leaves)
+    if spec[0] == "ak":
+        args = _unflat(spec[1], it)
+        return args, {k: _unflat(s, it) for k, s in spec[2]}
+    return _unflat(spec[1], it)
 
 
 def _slot(t: int, x: torch.Tensor) -> Slot:
