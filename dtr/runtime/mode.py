@@ -474,7 +474,7 @@ class DTRMode(TorchDispatchMode):
         if t is None or self.phys[self.core.storage_of(t)].dead():
             return  # not dtr's: nothing to bring back
         with _disable_current_modes():
-            if not all(map(self.core.defined, [t])):
+            if not self.core.defined(t):
                 self.poll()
             if pin:
                 if self.recorder is not None:
