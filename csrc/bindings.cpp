@@ -135,6 +135,7 @@ PYBIND11_MODULE(_C, m) {
       .def("check", &Core::check)
       .def_readwrite("on_evict", &Core::on_evict)
       .def_readwrite("on_compute", &Core::on_compute)
+      .def_readwrite("on_pin", &Core::on_pin)
       .def("op_inputs", &Core::op_inputs)
       .def("op_outputs", &Core::op_outputs)
       .def("op_sizes", &Core::op_sizes)

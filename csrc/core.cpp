@@ -350,6 +350,7 @@ void Core::pin(int t) {
   if (s.pinned) return;
   lock(tensors_[t].storage);
   s.pinned = true;
+  if (on_pin) on_pin(tensors_[t].storage);
 }
 
 // ---------------------------------------------------------------------------
@@ -646,6 +647,7 @@ void Core::banish(int sid) {
     if (ds.resident) {
       lock(d);
       ds.pinned = true;
+      if (on_pin) on_pin(d);
     }
   }
 }

@@ -177,6 +177,8 @@ class Core {
   // on_compute(op, remat): after room is made and before the op's outputs are
   // marked resident; the driver (re)computes the op's outputs here.
   std::function<void(int, bool)> on_compute;
+  // on_pin(storage): a storage became a constant (it must be kept from now on).
+  std::function<void(int)> on_pin;
 
   // --- graph queries (drivers, schedule export) -------------------------------
   const std::vector<int>& op_inputs(int op) const { return ops_.at(op).inputs; }

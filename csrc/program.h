@@ -21,6 +21,7 @@ enum class InstrKind : uint8_t {
   CopyFrom = 4,  // existing handle out[0] now refers to in[0]'s tensor
   Release = 5,   // handle in[0] dies
   Pin = 6,       // handle in[0]'s tensor becomes a constant (brought back if needed, never evicted)
+  Protect = 7,   // handle in[0] (a constant) is about to go: pin what still needs its value
 };
 
 struct Instr {

@@ -63,11 +63,12 @@ struct Replayer {
     tensor_of[i.in[0]] = -1;
   }
   void pin(const Instr& i) { core.pin(tensor_of[i.in[0]]); }
+  void protect(const Instr& i) { core.protect(core.storage_of(tensor_of[i.in[0]])); }
   void run(const Instr& i) {
     using Handler = void (Replayer::*)(const Instr&);
     static constexpr Handler table[] = {&Replayer::constant, &Replayer::call,     &Replayer::mutate,
                                         &Replayer::copy,     &Replayer::copyfrom, &Replayer::release,
-                                        &Replayer::pin};
+                                        &Replayer::pin,      &Replayer::protect};
     (this->*table[static_cast<int>(i.kind)])(i);
   }
   // simrd's output condition: every tensor still referenced is wanted.

@@ -21,6 +21,7 @@ class Config:
 class Core:
     on_evict: Optional[Callable[[int, bool], None]]    # (storage, by_heuristic)
     on_compute: Optional[Callable[[int, bool], None]]  # (op, remat)
+    on_pin: Optional[Callable[[int], None]]            # (storage)
     budget: int
     def __init__(self, config: Config) -> None: ...
     def constant(self, size: int) -> int: ...

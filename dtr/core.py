@@ -165,7 +165,8 @@ class Core:
 
     def set_hooks(self, on_evict: Optional[Callable[[int], None]] = None,
                   on_remat: Optional[Callable[[int], None]] = None,
-                  on_compute: Optional[Callable[[int, bool], None]] = None) -> None:
+                  on_compute: Optional[Callable[[int, bool], None]] = None,
+                  on_pin: Optional[Callable[[int], None]] = None) -> None:
         """Callbacks for a driver that owns real memory.
 
         Args:
@@ -173,7 +174,9 @@ class Core:
             on_remat: ``f(op)`` before an op is recomputed.
             on_compute: ``f(op, remat)`` before any op is computed (first time or
                 again); overrides ``on_remat``.
+            on_pin: ``f(storage)`` when a storage becomes a constant.
         """
+        self._core.on_pin = on_pin
         self._core.on_evict = None if on_evict is None else (lambda s, by_heuristic: on_evict(s))
         if on_compute is not None:
             self._core.on_compute = on_compute

@@ -254,3 +254,19 @@ def test_escaped_memory_is_never_evicted():
     assert torch.equal(torch.from_numpy(arr), ref[0])
     for h, r in zip(held, ref):
         assert torch.equal(h, r)
+
+
+def test_dropped_constant_protects_a_value_computed_from_it():
+    """Regression: a constant and an activation dropped together, while a held tensor computed from both
+    is evicted: the poll must release the activation before protecting (recomputing from) the constant."""
+    n = 1 << 16
+    x, c = torch.randn(n), torch.randn(n)
+    ref = c + x * 2
+    with torch.no_grad(), dtr.budget(2 * 4 * n + 4 * (4 * n), cost_model="flops") as b:
+        d = x * 2
+        e = c + d
+        keep = [torch.mm(d.view(256, 256), d.view(256, 256)).view(-1) for _ in range(3)]
+        del c, d
+        keep[0] + 1
+    assert b.stats["evictions"] > 0
+    assert torch.equal(e, ref)

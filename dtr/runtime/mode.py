@@ -51,6 +51,7 @@ from dtr.runtime.recorder import LogRecorder
 __all__ = ["DTRMode", "Slot"]
 
 log = logging.getLogger("dtr.runtime")
+_use_count = torch._C._storage_Use_Count
 _POLL_EVERY = 16
 _MAX_VERSIONS = 8   # see Note [Version chains]
 _GC_MIN_OPS = 256
@@ -66,13 +67,20 @@ _GC_MIN_OPS = 256
 
 
 class _Buf:
-    """The buffer of one storage version: the program's (weakly held) or dtr's own."""
+    """The buffer of one storage version: the program's or dtr's own.
 
-    __slots__ = ("weak", "strong")
+    The program's activations are held weakly (freed when the program drops
+    them). Constants are held strongly, so that when the program drops one,
+    whatever still needs its value can be protected before it goes; they are
+    dead once dtr's is the only reference (``shared`` set).
+    """
 
-    def __init__(self, storage: torch.UntypedStorage, owned: bool):
+    __slots__ = ("weak", "strong", "shared")
+
+    def __init__(self, storage: torch.UntypedStorage, owned: bool, shared: bool = False):
         self.strong = storage if owned else None
         self.weak = None if owned else StorageWeakRef(storage)
+        self.shared = shared
 
     def get(self) -> Optional[torch.UntypedStorage]:
         if self.strong is not None:
@@ -82,7 +90,9 @@ class _Buf:
         return torch.UntypedStorage._new_with_weak_ptr(self.weak.cdata)
 
     def dead(self) -> bool:
-        return self.strong is None and self.weak.expired()
+        if self.strong is not None:
+            return self.shared and _use_count(self.strong._cdata) <= 1
+        return self.weak.expired()
 
 
 class Slot(NamedTuple):
@@ -180,7 +190,7 @@ class DTRMode(TorchDispatchMode):
         self._ops_at_gc = 0
         self._live_after_gc = 0
         self._next_handle = 0
-        core.set_hooks(on_evict=self._on_evict, on_compute=self._on_compute)
+        core.set_hooks(on_evict=self._on_evict, on_compute=self._on_compute, on_pin=self._on_pin)
 
     # ----------------------------------------------------------------- tracking
     def _trackable(self, x: Any) -> bool:
@@ -207,7 +217,7 @@ class DTRMode(TorchDispatchMode):
             t = self.core.constant(st.nbytes())
             self.version[key] = t
             self.key[t] = key
-            self.phys[self.core.storage_of(t)] = _Buf(st, owned=False)
+            self.phys[self.core.storage_of(t)] = _Buf(st, owned=True, shared=True)
             h = self.handle[t] = self._new_handle()
             self.alive[h] = t
             if self.recorder is not None:
@@ -216,16 +226,31 @@ class DTRMode(TorchDispatchMode):
 
     def poll(self) -> None:
         """Tell the core about tracked storages the program no longer references."""
-        phys, storage_of = self.phys, self.core.storage_of
-        dead = [h for h, t in self.alive.items() if phys[storage_of(t)].dead()]
+        phys, core = self.phys, self.core
+        dead = [h for h, t in self.alive.items() if phys[core.storage_of(t)].dead()]
+        if not dead:
+            return
+        # Activations first, so the core knows they are gone before anything is
+        # recomputed; then constants, each protected while all are still there.
+        constants = [h for h in dead if core.pinned(core.storage_of(self.alive[h]))]
         for h in dead:
-            t = self.alive.pop(h)
-            key = self.key.pop(t, None)
-            if key is not None and self.version.get(key) == t:
-                del self.version[key]
+            if h not in constants:
+                self._release(h)
+        for h in constants:
             if self.recorder is not None:
-                self.recorder.release(h)
-            self.core.release(t)
+                self.recorder.protect(h)
+            core.protect(core.storage_of(self.alive[h]))
+        for h in constants:
+            self._release(h)
+
+    def _release(self, h: str) -> None:
+        t = self.alive.pop(h)
+        key = self.key.pop(t, None)
+        if key is not None and self.version.get(key) == t:
+            del self.version[key]
+        if self.recorder is not None:
+            self.recorder.release(h)
+        self.core.release(t)
 
     # ------------------------------------------------------------- core hooks
     def _on_evict(self, s: int) -> None:
@@ -233,6 +258,14 @@ class DTRMode(TorchDispatchMode):
         st = buf.get() if buf is not None else None
         if st is not None:
             st.resize_(0)
+
+    def _on_pin(self, s: int) -> None:
+        # A constant must outlive the program's references (see _Buf): hold it.
+        buf = self.phys.get(s)
+        if buf is not None and buf.weak is not None:
+            st = buf.get()
+            if st is not None:
+                self.phys[s] = _Buf(st, owned=True, shared=True)
 
     def _on_compute(self, op: int, remat: bool) -> None:
         if remat:

@@ -54,6 +54,10 @@ class LogRecorder:
         """The handle's tensor becomes a constant (an extension of v1)."""
         self._write({"op": "pin", "id": handle})
 
+    def protect(self, handle: str) -> None:
+        """A dropped constant is about to be freed (an extension of v1)."""
+        self._write({"op": "protect", "id": handle})
+
     def release(self, handle: str) -> None:
         self._write({"op": "release", "id": handle})
 
