@@ -373,6 +373,9 @@ class DTRMode(TorchDispatchMode):
         cost = 0.0  # a view computes nothing
         if not self.cost_model.measured and (sizes or plain_writes or const_writes):
             cost = self.cost_model.estimate(func, args, kwargs, pred.metas)
+        if self.thrash_limit is not None and core.base_compute > 0:
+            # Let the core stop a runaway chain of recomputations as it happens.
+            core.set_remat_limit((self.thrash_limit - 1) * core.base_compute)
         op = core.begin_call(ins, all_sizes, [-1] * len(all_sizes), inplace_of, cost)
         try:
             out, flat_out, cost = self._execute(func, args, kwargs, cost)

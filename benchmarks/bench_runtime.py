@@ -1,0 +1,577 @@
+"""Runtime benchmark: wall time and independently measured peak memory of training steps under dtr.budget.
+
+Usage:
+    python benchmarks/bench_runtime.py [--rounds 5] [--threads 1] [--models gpt,cnn,treelstm]
+                                       [--smoke] [--out benchmarks/RUNTIME.md]
+
+For each model (a GPT-style transformer in plain torch, a ResNet-ish CNN with
+BatchNorm / in-place ReLU / residual ``+=``, a recursive TreeLSTM over a
+data-dependent tree) and each variant (plain PyTorch; ``dtr.budget(None)``;
+``dtr.budget(B)`` at several fractions of the plain step's peak;
+``torch.utils.checkpoint`` per transformer block for the GPT), one training
+step (zero grads, forward, loss, backward) is timed and its peak memory is
+measured *independently of dtr* (DESIGN.md section 7):
+
+* every (model, variant, round) runs in its own fresh subprocess
+  (``--worker`` mode of this script) with ``MALLOC_MMAP_THRESHOLD_=65536`` and
+  OMP / torch threads fixed;
+* the worker runs warm-up steps of the same variant first (the first use of a
+  dispatch mode imports ``torch._dynamo``), then writes ``5`` to
+  ``/proc/self/clear_refs`` to reset ``VmHWM``, records ``VmRSS`` as the base,
+  runs the measured steps and reports ``VmHWM - base``;
+* variants are alternated in a shuffled order over several rounds; the report
+  quotes the median over rounds of the per-round ratio to plain (time and peak).
+
+Budgets: ``B(f) = C + f * P`` where ``C`` is the bytes of the tensors that exist
+before the step and that it uses (parameters, buffers, inputs and the
+gradients, which persist across steps here) and ``P`` is the plain step's
+measured peak increase over them (median of calibration runs).
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import os
+import pathlib
+import platform
+import random
+import statistics
+import subprocess
+import sys
+import time
+import traceback
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+# --------------------------------------------------------------------------- models
+# Sizes: (full, smoke)
+SIZES = {
+    "gpt": ({"layers": 6, "d": 256, "heads": 8, "seq": 256, "batch": 8, "vocab": 512, "p": 0.1},
+            {"layers": 2, "d": 128, "heads": 4, "seq": 64, "batch": 8, "vocab": 256, "p": 0.1}),
+    "cnn": ({"width": 32, "blocks": [2, 2, 2], "hw": 32, "batch": 16, "classes": 10, "p": 0.1},
+            {"width": 16, "blocks": [1, 1], "hw": 32, "batch": 8, "classes": 10, "p": 0.1}),
+    "treelstm": ({"hidden": 192, "batch": 128, "leaves": 32, "vocab": 512, "classes": 5},
+                 {"hidden": 128, "batch": 128, "leaves": 12, "vocab": 128, "classes": 5}),
+}
+
+
+def build(name: str, cfg: dict):
+    """Returns (model, inputs tuple, loss_fn(model, *inputs) -> loss, blocks-forward for checkpointing)."""
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+
+    torch.manual_seed(0)
+    if name == "gpt":
+        class Block(nn.Module):
+            def __init__(self, d, h, p):
+                super().__init__()
+                self.h = h
+                self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
+                self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
+                self.fc1, self.fc2 = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
+                self.attn_drop, self.resid_drop, self.mlp_drop = nn.Dropout(p), nn.Dropout(p), nn.Dropout(p)
+
+            def forward(self, x):
+                B, T, D = x.shape
+                q, k, v = self.qkv(self.ln1(x)).split(D, dim=2)
+                q = q.view(B, T, self.h, D // self.h).transpose(1, 2)
+                k = k.view(B, T, self.h, D // self.h).transpose(1, 2)
+                v = v.view(B, T, self.h, D // self.h).transpose(1, 2)
+                att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(D // self.h))
+                mask = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
+                att = att.masked_fill(~mask, float("-inf"))
+                att = self.attn_drop(F.softmax(att, dim=-1))
+                y = (att @ v).transpose(1, 2).contiguous().view(B, T, D)
+                x = x + self.resid_drop(self.proj(y))
+                x = x + self.mlp_drop(self.fc2(F.gelu(self.fc1(self.ln2(x)))))
+                return x
+
+        class GPT(nn.Module):
+            def __init__(self, c):
+                super().__init__()
+                self.tok = nn.Embedding(c["vocab"], c["d"])
+                self.pos = nn.Embedding(c["seq"], c["d"])
+                self.drop = nn.Dropout(c["p"])
+                self.blocks = nn.ModuleList([Block(c["d"], c["heads"], c["p"]) for _ in range(c["layers"])])
+                self.ln = nn.LayerNorm(c["d"])
+                self.head = nn.Linear(c["d"], c["vocab"], bias=False)
+
+            def forward(self, idx, checkpoint=False):
+                T = idx.shape[1]
+                x = self.drop(self.tok(idx) + self.pos(torch.arange(T, device=idx.device)))
+                for b in self.blocks:
+                    if checkpoint:
+                        x = torch.utils.checkpoint.checkpoint(b, x, use_reentrant=False)
+                    else:
+                        x = b(x)
+                return self.head(self.ln(x))
+
+        model = GPT(cfg)
+        g = torch.Generator().manual_seed(1)
+        idx = torch.randint(0, cfg["vocab"], (cfg["batch"], cfg["seq"]), generator=g)
+        tgt = torch.randint(0, cfg["vocab"], (cfg["batch"], cfg["seq"]), generator=g)
+
+        def loss_fn(m, idx, tgt, checkpoint=False):
+            logits = m(idx, checkpoint=checkpoint)
+            return F.cross_entropy(logits.view(-1, logits.shape[-1]), tgt.view(-1))
+        return model, (idx, tgt), loss_fn
+
+    if name == "cnn":
+        class Block(nn.Module):
+            def __init__(self, cin, cout, stride, p):
+                super().__init__()
+                self.conv1 = nn.Conv2d(cin, cout, 3, stride=stride, padding=1, bias=False)
+                self.bn1 = nn.BatchNorm2d(cout)
+                self.relu = nn.ReLU(inplace=True)
+                self.drop = nn.Dropout(p)
+                self.conv2 = nn.Conv2d(cout, cout, 3, padding=1, bias=False)
+                self.bn2 = nn.BatchNorm2d(cout)
+                self.short = None
+                if stride != 1 or cin != cout:
+                    self.short = nn.Sequential(nn.Conv2d(cin, cout, 1, stride=stride, bias=False), nn.BatchNorm2d(cout))
+
+            def forward(self, x):
+                out = self.drop(self.relu(self.bn1(self.conv1(x))))
+                out = self.bn2(self.conv2(out))
+                out += x if self.short is None else self.short(x)
+                return self.relu(out)
+
+        w = cfg["width"]
+        layers = [nn.Conv2d(3, w, 3, padding=1, bias=False), nn.BatchNorm2d(w), nn.ReLU(inplace=True)]
+        cin = w
+        for i, n in enumerate(cfg["blocks"]):
+            cout = w * 2 ** i
+            for j in range(n):
+                layers.append(Block(cin, cout, 2 if (j == 0 and i > 0) else 1, cfg["p"]))
+                cin = cout
+        model = nn.Sequential(*layers, nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(cin, cfg["classes"]))
+        g = torch.Generator().manual_seed(1)
+        x = torch.randn(cfg["batch"], 3, cfg["hw"], cfg["hw"], generator=g)
+        y = torch.randint(0, cfg["classes"], (cfg["batch"],), generator=g)
+
+        def loss_fn(m, x, y, checkpoint=False):
+            return F.cross_entropy(m(x), y)
+        return model, (x, y), loss_fn
+
+    if name == "treelstm":
+        H = cfg["hidden"]
+
+        class TreeLSTM(nn.Module):
+            """Binary (N-ary, N=2) TreeLSTM, recursive over a tree given as nested tuples of leaf ids."""
+
+            def __init__(self):
+                super().__init__()
+                self.emb = nn.Embedding(cfg["vocab"], H)
+                self.leaf = nn.Linear(H, 3 * H)      # i, o, u for leaves
+                self.node = nn.Linear(2 * H, 5 * H)  # i, o, u, f_l, f_r for internal nodes
+                self.out = nn.Linear(H, cfg["classes"])
+
+            def rec(self, tree, tokens):
+                if isinstance(tree, int):  # leaf: a column of token ids (batch of sentences sharing a parse)
+                    i, o, u = self.leaf(self.emb(tokens[:, tree])).chunk(3, dim=1)
+                    c = torch.sigmoid(i) * torch.tanh(u)
+                    return torch.sigmoid(o) * torch.tanh(c), c
+                (hl, cl), (hr, cr) = self.rec(tree[0], tokens), self.rec(tree[1], tokens)
+                i, o, u, fl, fr = self.node(torch.cat([hl, hr], dim=1)).chunk(5, dim=1)
+                c = torch.sigmoid(i) * torch.tanh(u) + torch.sigmoid(fl) * cl + torch.sigmoid(fr) * cr
+                return torch.sigmoid(o) * torch.tanh(c), c
+
+            def forward(self, tree, tokens):
+                h, _ = self.rec(tree, tokens)
+                return self.out(h)
+
+        def random_tree(lo, hi, rng):  # a random binary bracketing of leaves lo..hi-1 (data-dependent shape)
+            if hi - lo == 1:
+                return lo
+            k = rng.randint(lo + 1, hi - 1)
+            return (random_tree(lo, k, rng), random_tree(k, hi, rng))
+
+        model = TreeLSTM()
+        rng = random.Random(1)
+        tree = random_tree(0, cfg["leaves"], rng)
+        g = torch.Generator().manual_seed(1)
+        tokens = torch.randint(0, cfg["vocab"], (cfg["batch"], cfg["leaves"]), generator=g)
+        y = torch.randint(0, cfg["classes"], (cfg["batch"],), generator=g)
+
+        def loss_fn(m, tokens, y, checkpoint=False):
+            return F.cross_entropy(m(tree, tokens), y)
+        return model, (tokens, y), loss_fn
+    raise ValueError(name)
+
+
+# --------------------------------------------------------------------------- worker
+def _status() -> dict:
+    d = {}
+    with open("/proc/self/status") as f:
+        for line in f:
+            k, v = line.split(":", 1)
+            d[k] = v.strip()
+    return {"hwm": int(d["VmHWM"].split()[0]) * 1024, "rss": int(d["VmRSS"].split()[0]) * 1024}
+
+
+def worker(spec: dict) -> dict:
+    import torch
+    torch.set_num_threads(spec["threads"])
+    torch.set_num_interop_threads(1)
+    import dtr
+
+    model, inputs, loss_fn = build(spec["model"], spec["cfg"])
+    model.train()
+    params = list(model.parameters())
+    for p in params:  # gradients persist across steps (zeroed in place): they are part of C
+        p.grad = torch.zeros_like(p)
+    const = sum(t.untyped_storage().nbytes() for t in [*params, *model.buffers(), *inputs])
+    const += sum(p.grad.untyped_storage().nbytes() for p in params)
+    variant, limit = spec["variant"], spec.get("limit")
+
+    def step(seed: int):
+        model.zero_grad(set_to_none=False)
+        torch.manual_seed(seed)
+        stats = None
+        if variant in ("plain", "ckpt"):
+            loss = loss_fn(model, *inputs, checkpoint=(variant == "ckpt"))
+            loss.backward()
+        else:
+            with dtr.budget(limit, cost_model="time") as b:
+                loss = loss_fn(model, *inputs)
+                loss.backward()
+            stats = b.stats
+        return loss.detach(), stats
+
+    out = {"const_bytes": const, "times": [], "stats": [], "error": None}
+    try:
+        for i in range(spec["warmup"]):
+            step(100)
+        # Clean reference point: reset the high-water mark and take the base RSS.
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        base = _status()["rss"]
+        for i in range(spec["steps"]):
+            t = time.perf_counter()
+            loss, stats = step(100)  # the same seed each step: every variant computes the same values
+            out["times"].append(time.perf_counter() - t)
+            out["stats"].append(stats)
+        s = _status()
+        out["base_rss"], out["hwm"], out["increase"] = base, s["hwm"], s["hwm"] - base
+        out["loss"] = float(loss)
+        out["grad_sum"] = float(sum(p.grad.double().abs().sum() for p in params))
+    except Exception as e:  # recorded in the report, never patched around
+        out["error"] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]
+        out["traceback"] = traceback.format_exc()[-2000:]
+    return out
+
+
+def run_worker(spec: dict, timeout: float) -> dict:
+    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536", OMP_NUM_THREADS=str(spec["threads"]),
+               MKL_NUM_THREADS=str(spec["threads"]))
+    if DTR_PATH:  # a frozen copy of the dtr package (the working tree may change during a long run)
+        env["PYTHONPATH"] = DTR_PATH + os.pathsep + env.get("PYTHONPATH", "")
+    t = time.perf_counter()
+    try:
+        p = subprocess.run([sys.executable, __file__, "--worker", json.dumps(spec)], capture_output=True,
+                           text=True, env=env, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {"error": f"timeout after {timeout:.0f} s", "wall": time.perf_counter() - t}
+    wall = time.perf_counter() - t
+    lines = [l for l in p.stdout.splitlines() if l.startswith("{")]
+    if p.returncode != 0 or not lines:
+        return {"error": f"worker exit {p.returncode}: {p.stderr.strip().splitlines()[-1:] if p.stderr else ''}",
+                "wall": wall}
+    r = json.loads(lines[-1])
+    r["wall"] = wall
+    return r
+
+
+# --------------------------------------------------------------------------- driver
+MiB = 2 ** 20
+DTR_PATH = None
+
+
+def fmt_mib(b) -> str:
+    return "–" if b is None else f"{b / MiB:.1f}"
+
+
+def med(xs):
+    xs = [x for x in xs if x is not None]
+    return statistics.median(xs) if xs else None
+
+
+def variants_for(model: str, fracs) -> list:
+    fracs = fracs[model] if isinstance(fracs, dict) else fracs
+    v = ["plain", "none"] + [f"dtr{f:g}" for f in fracs]
+    if model == "gpt":
+        v.append("ckpt")
+    return v
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--worker", help=argparse.SUPPRESS)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--slow-rounds", type=int, default=None,
+                    help="rounds for the budgeted dtr variants of a model whose plain step takes > 2 s (default: --rounds)")
+    ap.add_argument("--steps", type=int, default=1, help="measured steps per worker (the median is the round's time)")
+    ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--models", default="gpt,cnn,treelstm")
+    ap.add_argument("--fracs", default="0.5,0.35,0.2,0.15", help="budget fractions f of P for the GPT")
+    ap.add_argument("--fracs-other", default="0.7,0.5,0.4", help="budget fractions f of P for the CNN and TreeLSTM")
+    ap.add_argument("--calib", type=int, default=2, help="plain runs to calibrate P (the plain peak increase)")
+    ap.add_argument("--timeout", type=float, default=240.0, help="per worker, seconds")
+    ap.add_argument("--smoke", action="store_true", help="small sizes, 1 round: validates the harness")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--dtr-path", default=None,
+                    help="import dtr from this directory in the workers (a frozen copy containing dtr/)")
+    ap.add_argument("--dtr-version", default=None, help="a label for the dtr version, quoted in the report")
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--raw", default=None, help="also write every run's raw result (JSON) here")
+    a = ap.parse_args()
+
+    if a.worker:
+        print(json.dumps(worker(json.loads(a.worker))))
+        return
+
+    if a.smoke:
+        a.rounds, a.calib = 1, 1
+    global DTR_PATH
+    DTR_PATH = a.dtr_path
+    models = a.models.split(",")
+    fracs = {m: [float(f) for f in (a.fracs if m == "gpt" else a.fracs_other).split(",")] for m in models}
+    shuffle = random.Random(a.seed)
+    t_start = time.perf_counter()
+    load_start = os.getloadavg()
+
+    def spec(model, variant, limit=None):
+        return {"model": model, "variant": variant, "limit": limit, "cfg": SIZES[model][1 if a.smoke else 0],
+                "threads": a.threads, "steps": a.steps, "warmup": a.warmup}
+
+    # 1. Calibration: the plain step's peak increase P and the constants C.
+    calib = {}
+    for m in models:
+        rs = [run_worker(spec(m, "plain"), a.timeout) for _ in range(a.calib)]
+        ok = [r for r in rs if not r.get("error")]
+        if not ok:
+            raise SystemExit(f"plain {m} failed: {rs[0].get('error')}\n{rs[0].get('traceback', '')}")
+        P, C = med([r["increase"] for r in ok]), ok[0]["const_bytes"]
+        calib[m] = {"P": P, "C": C, "time": med([med(r["times"]) for r in ok])}
+        print(f"[calib] {m}: C={fmt_mib(C)} MiB  P={fmt_mib(P)} MiB  plain step {calib[m]['time']:.3f} s",
+              file=sys.stderr, flush=True)
+
+    def limit_of(m, v):
+        if v.startswith("dtr"):
+            return int(calib[m]["C"] + float(v[3:]) * calib[m]["P"])
+        return None
+
+    # 2. Rounds: all (model, variant) pairs in a shuffled order per round.
+    results = {(m, v): [] for m in models for v in variants_for(m, fracs)}
+    for r in range(a.rounds):
+        jobs = []
+        for m in models:
+            slow = a.slow_rounds is not None and calib[m]["time"] > 2.0 and r >= a.slow_rounds
+            for v in variants_for(m, fracs):
+                if slow and v.startswith("dtr"):
+                    continue
+                prev = results[(m, v)]
+                if r >= 2 and len(prev) >= 2 and all(p.get("error") for p in prev):
+                    continue  # failed in every earlier round: not repeated
+                jobs.append((m, v))
+        shuffle.shuffle(jobs)
+        for m, v in jobs:
+            if v == "none":
+                res = run_worker(spec(m, "dtr", None), a.timeout)
+            elif v.startswith("dtr"):
+                res = run_worker(spec(m, "dtr", limit_of(m, v)), a.timeout)
+            else:
+                res = run_worker(spec(m, v), a.timeout)
+            res["round"] = r
+            results[(m, v)].append(res)
+            t = f"{med(res['times']):.3f} s" if res.get("times") else "-"
+            print(f"[round {r}] {m:8s} {v:8s} {t:>9s}  peak +{fmt_mib(res.get('increase'))} MiB"
+                  f"{'  ERROR ' + res['error'] if res.get('error') else ''}  ({time.perf_counter() - t_start:.0f} s)",
+                  file=sys.stderr, flush=True)
+
+    report = render(a, models, fracs, calib, results, time.perf_counter() - t_start, load_start)
+    print(report)
+    if a.out:
+        pathlib.Path(a.out).write_text(report)
+    if a.raw:
+        pathlib.Path(a.raw).write_text(json.dumps({"calib": calib, "elapsed": time.perf_counter() - t_start,
+                                                   "load_start": load_start, "fracs": fracs,
+                                                   "results": {f"{m}/{v}": rs for (m, v), rs in results.items()}},
+                                                  indent=1, default=str))
+
+
+def summarize(models, fracs, calib, results):
+    S = {}
+    for m in models:
+        plain = {r["round"]: r for r in results[(m, "plain")] if not r.get("error")}
+        for v in variants_for(m, fracs):
+            rs = results[(m, v)]
+            good = [r for r in rs if not r.get("error")]
+            tr = [med(r["times"]) / med(plain[r["round"]]["times"]) for r in good if r["round"] in plain]
+            pr = [r["increase"] / plain[r["round"]]["increase"] for r in good if r["round"] in plain
+                  and plain[r["round"]]["increase"] > 0]
+            stats = [s for r in good for s in r["stats"] if s]
+            S[(m, v)] = {
+                "n": len(rs), "ok": len(good), "errors": sorted({r["error"] for r in rs if r.get("error")}),
+                "time": med([med(r["times"]) for r in good]), "time_ratio": med(tr),
+                "increase": med([r["increase"] for r in good]), "peak_ratio": med(pr),
+                "limit": limit_of_static(calib, m, v),
+                "evictions": med([s["evictions"] for s in stats]), "remats": med([s["remats"] for s in stats]),
+                "remat_seconds": med([s["remat_seconds"] for s in stats]),
+                "dtr_peak": med([s["peak_bytes"] for s in stats]),
+                "ops": med([s["ops"] for s in stats]),
+                "loss": sorted({r["loss"] for r in good}), "grad_sum": sorted({r["grad_sum"] for r in good}),
+            }
+    return S
+
+
+def limit_of_static(calib, m, v):
+    if v.startswith("dtr"):
+        return int(calib[m]["C"] + float(v[3:]) * calib[m]["P"])
+    return None
+
+
+def label(v):
+    return {"plain": "plain PyTorch", "none": "dtr.budget(None)", "ckpt": "checkpoint per block"}.get(
+        v, f"dtr.budget(C + {float(v[3:]):.0%} P)" if v.startswith("dtr") else v)
+
+
+def render(a, models, fracs, calib, results, elapsed, load_start) -> str:
+    import torch
+    S = summarize(models, fracs, calib, results)
+    L = ["# dtr runtime benchmark", "",
+         f"Generated by `benchmarks/bench_runtime.py{' --smoke' if a.smoke else ''}` on "
+         f"{datetime.datetime.now().strftime('%Y-%m-%d %H:%M')}: {platform.machine()}, {os.cpu_count()} CPUs "
+         f"({_cpu_name()}), Linux {platform.release()}, Python {platform.python_version()}, torch {torch.__version__}; "
+         f"{a.threads} torch/OMP thread(s), `MALLOC_MMAP_THRESHOLD_=65536`; {a.rounds} round(s)"
+         f"{f' ({a.slow_rounds} for the budgeted variants of slow models)' if a.slow_rounds is not None else ''}, "
+         f"{a.warmup} warm-up + {a.steps} measured step(s) per fresh worker process; "
+         f"dtr {a.dtr_version or _git_head()}{' (imported from a frozen copy)' if a.dtr_path else ''}; "
+         f"a variant that failed in its first two rounds is not repeated; "
+         f"load average {load_start[0]:.2f} at the start, {os.getloadavg()[0]:.2f} at the end; "
+         f"total {elapsed / 60:.1f} min.", "",
+         "Peak = the process's `VmHWM` − `VmRSS` after warm-up (reset via `/proc/self/clear_refs`), measured in a "
+         "fresh process per variant and round, independently of dtr's accounting. A step = zero grads in place, "
+         "forward, loss, backward (no optimizer step); gradients persist across steps. "
+         "Budgets are `C + f·P`: C = parameters + buffers + inputs + gradients (tensors existing before the step), "
+         "P = the plain step's measured peak increase (median of calibration runs). "
+         "Ratios are medians over rounds of the per-round ratio to plain in the same round.", ""]
+    for m in models:
+        cfg = SIZES[m][1 if a.smoke else 0]
+        c = calib[m]
+        L += [f"## {m}", "", f"Config: `{json.dumps(cfg)}`. C = {fmt_mib(c['C'])} MiB, "
+              f"P = {fmt_mib(c['P'])} MiB, plain step ≈ {c['time']:.3f} s (calibration).", "",
+              "| variant | budget MiB | ok/runs | step s | time × plain | peak +MiB | peak × plain | evictions | remats "
+              "| remat s | dtr peak MiB (− C) | measured C + peak − budget, MiB | ops | loss, grads = plain |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+        pl = S[(m, "plain")]
+        for v in variants_for(m, fracs):
+            s = S[(m, v)]
+            same = "–"
+            if s["ok"] and pl["ok"]:
+                same = "yes" if (s["loss"] == pl["loss"] and s["grad_sum"] == pl["grad_sum"]) else \
+                    f"NO (loss {s['loss']} vs {pl['loss']})"
+            over = "–" if s["limit"] is None or s["increase"] is None else \
+                f"{(c['C'] + s['increase'] - s['limit']) / MiB:+.1f}"
+            dp = f"{fmt_mib(s['dtr_peak'])} ({fmt_mib(s['dtr_peak'] - c['C'])})" if s["dtr_peak"] is not None else "–"
+            f2 = (lambda x, d=2: "–" if x is None else f"{x:.{d}f}")
+            L.append(f"| {label(v)} | {fmt_mib(s['limit'])} | {s['ok']}/{s['n']} | {f2(s['time'], 3)} | "
+                     f"{f2(s['time_ratio'])} | {fmt_mib(s['increase'])} | {f2(s['peak_ratio'])} | "
+                     f"{'–' if s['evictions'] is None else int(s['evictions'])} | "
+                     f"{'–' if s['remats'] is None else int(s['remats'])} | {f2(s['remat_seconds'], 3)} | {dp} | "
+                     f"{over} | "
+                     f"{'–' if s['ops'] is None else int(s['ops'])} | {same} |")
+        errs = [(v, e) for v in variants_for(m, fracs) for e in S[(m, v)]["errors"]]
+        if errs:
+            L += ["", "Errors raised by the runtime (recorded, not patched):", ""]
+            L += [f"- {label(v)}: `{e}`" for v, e in errs]
+        L += [""]
+
+    # Targets.
+    L += ["## Targets", ""]
+
+    def xr(x):
+        return "–" if x is None else f"{x:.2f}×"
+
+    def mark(ok):
+        return "**MET**" if ok else "**NOT MET**"
+
+    if "gpt" in models:
+        g = {v: S[("gpt", v)] for v in variants_for("gpt", fracs)}
+        n = g["none"]
+        L.append(f"- GPT `budget(None)` time ≤ 1.15× plain: {xr(n['time_ratio'])} → "
+                 f"{mark(n['time_ratio'] is not None and n['time_ratio'] <= 1.15)}")
+        h = g.get("dtr0.5")
+        if h:
+            ok_t = h["time_ratio"] is not None and h["time_ratio"] <= 1.5
+            ok_p = h["peak_ratio"] is not None and h["peak_ratio"] <= 0.55
+            L.append(f"- GPT 50% budget time ≤ 1.5× plain: {xr(h['time_ratio'])} → "
+                     f"{mark(ok_t)}; measured peak ≤ 0.55× plain: "
+                     f"{xr(h['peak_ratio'])} → {mark(ok_p)}"
+                     f"{'  (errors: ' + '; '.join(h['errors']) + ')' if h['errors'] else ''}")
+        ck = g["ckpt"]
+        L.append(f"- Checkpointing per block, measured here: {xr(ck['time_ratio'])} time, "
+                 f"{xr(ck['peak_ratio'])} peak (DESIGN.md reference: about 1.2×, 0.38×).")
+        best = None
+        for f in fracs["gpt"]:
+            s = g[f"dtr{f:g}"]
+            if s["time_ratio"] is None or ck["time_ratio"] is None or not s["ok"]:
+                continue
+            ok = s["time_ratio"] <= ck["time_ratio"] and s["increase"] <= 1.05 * ck["increase"]
+            if ok and (best is None or s["increase"] < best[1]["increase"]):
+                best = (f, s)
+        if best:
+            f, s = best
+            L.append(f"- Some budget with dtr time ≤ checkpointing's at measured peak ≤ 1.05× checkpointing's: "
+                     f"f = {f:g}: {s['time_ratio']:.2f}× vs {ck['time_ratio']:.2f}× time, "
+                     f"peak {fmt_mib(s['increase'])} vs {fmt_mib(ck['increase'])} MiB "
+                     f"({s['increase'] / ck['increase']:.2f}× checkpointing's) → {mark(True)}")
+        else:
+            cand = ", ".join(
+                f"f={f:g}: {g[f'dtr{f:g}']['time_ratio']:.2f}× time, "
+                f"{g[f'dtr{f:g}']['increase'] / ck['increase']:.2f}× ckpt peak"
+                for f in fracs["gpt"] if g[f"dtr{f:g}"]["time_ratio"] is not None and ck["increase"])
+            L.append(f"- Some budget with dtr time ≤ checkpointing's at measured peak ≤ 1.05× checkpointing's: "
+                     f"none of the budgets tried ({cand or 'no successful runs'}) → {mark(False)}")
+    ref = {"cnn": "1.25–1.42× (InceptionV4, ResNet-1202)", "treelstm": "2.09×"}
+    for m in ("cnn", "treelstm"):
+        if m not in models:
+            continue
+        rows = []
+        for f in fracs[m]:
+            s = S[(m, f"dtr{f:g}")]
+            if s["ok"]:
+                rows.append(f"f={f:g}: {s['time_ratio']:.2f}× time at {s['peak_ratio']:.2f}× peak")
+            else:
+                rows.append(f"f={f:g}: failed ({'; '.join(s['errors'])})")
+        n = S[(m, "none")]
+        L.append(f"- {m}: `budget(None)` {xr(n['time_ratio'])} time; "
+                 + "; ".join(rows) + f". DTR prototype at ~0.4× memory: {ref[m]} (DESIGN.md section 8).")
+    L += [""]
+    return "\n".join(L)
+
+
+def _git_head() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
+                              text=True).stdout.strip() or "?"
+    except OSError:
+        return "?"
+
+
+def _cpu_name() -> str:
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "?"
+
+
+if __name__ == "__main__":
+    main()
