@@ -19,6 +19,7 @@ from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Un
 
 from dtr.errors import DtrError
 from dtr.heuristics import Heuristic, get_heuristic, heuristic_names
+from dtr.sim.replay import ReplayResult
 
 __all__ = ["SweepRow", "FIELDS", "sweep", "parse_ratios", "parse_heuristics", "read_rows", "model_label",
            "row_key"]
@@ -34,12 +35,12 @@ _MAX_RATIOS = 10_000
 
 
 @dataclass(frozen=True)
-class SweepRow:
+class SweepRow(ReplayResult):
     """One run of a sweep: one log, one heuristic, one budget ratio.
 
-    The fields after ``budget_ratio`` are those of
-    :class:`~dtr.sim.replay.ReplayResult` (same names, types and meaning); the
-    CSV columns are :data:`FIELDS`, in this order. See docs/results-fields.md.
+    A :class:`~dtr.sim.replay.ReplayResult` (same fields, names and meaning)
+    plus ``model`` and ``budget_ratio``; the CSV columns are :data:`FIELDS`, in
+    this order. See docs/results-fields.md.
 
     Attributes:
         log: the log's path, as given to :func:`sweep`.
@@ -48,35 +49,8 @@ class SweepRow:
         budget_ratio: the budget as a fraction of ``baseline_peak_bytes``.
     """
 
-    log: str
     model: str
     budget_ratio: float
-    heuristic: str
-    budget_bytes: Optional[int]
-    baseline_peak_bytes: int
-    peak_bytes: int
-    base_compute: float
-    total_compute: float
-    remat_compute: float
-    overhead: float
-    evictions: int
-    eager_evictions: int
-    remats: int
-    storage_accesses: int
-    status: str
-    needed_bytes: Optional[int]
-    failed_line: Optional[int]
-    constant_bytes: int
-    largest_op_bytes: int
-    thrash_limit: float
-    cost_unit: str
-
-    def to_dict(self) -> dict:
-        """The row as a JSON-ready dict (an infinite thrash limit becomes None)."""
-        d = asdict(self)
-        if not math.isfinite(d["thrash_limit"]):
-            d["thrash_limit"] = None
-        return d
 
     @property
     def key(self) -> Tuple[str, str, float, float]:
@@ -84,7 +58,9 @@ class SweepRow:
         return row_key(self.log, self.heuristic, self.budget_ratio, self.thrash_limit)
 
 
-FIELDS: Tuple[str, ...] = tuple(f.name for f in fields(SweepRow))
+# CSV column order: what identifies the run first, then the replay's fields.
+FIELDS: Tuple[str, ...] = ("log", "model", "budget_ratio") + tuple(
+    f.name for f in fields(ReplayResult) if f.name != "log")
 
 # Column -> (converter from CSV text, whether an empty cell means None).
 _INT = {"budget_bytes", "baseline_peak_bytes", "peak_bytes", "evictions", "eager_evictions", "remats",
