@@ -25,7 +25,7 @@ demo: venv
 	@echo
 	$(VENV)/bin/dtr-sim chain --n 1024 --budget sqrt --heuristic dtr
 	@echo
-	$(VENV)/bin/dtr-sim replay tests/data/small.jsonl --budget 78%
+	$(VENV)/bin/dtr-sim replay logs/gpt.jsonl.gz --budget 50%
 
 test: venv
 	$(PY) -m pytest -q
