@@ -163,6 +163,21 @@ def _figure_legend(fig, handles, labels, ncol: int) -> None:
                bbox_to_anchor=(0.5, -0.01))
 
 
+def _log_panels(rows, path, ncols: int):
+    """Checks and the common setup of the per-log figures: (pyplot, rows by log, heuristic order, figure, axes).
+
+    Raises:
+        DtrError: no rows, or a bad figure path.
+    """
+    check_figure_path(path)
+    if not rows:
+        raise DtrError("no sweep rows to plot")
+    plt = _pyplot()
+    groups = _by_log(rows)
+    fig, axes = _grid(plt, len(groups), ncols)
+    return plt, groups, _heuristic_order(rows), fig, axes
+
+
 def plot_overhead(rows, path, *, title: Optional[str] = None, ncols: int = 3) -> None:
     """Compute overhead vs budget ratio, one panel per log, one line per heuristic.
 
@@ -181,15 +196,9 @@ def plot_overhead(rows, path, *, title: Optional[str] = None, ncols: int = 3) ->
     Raises:
         DtrError: no rows, or a bad figure path.
     """
-    check_figure_path(path)
-    if not rows:
-        raise DtrError("no sweep rows to plot")
-    plt = _pyplot()
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
-    groups = _by_log(rows)
-    order = _heuristic_order(rows)
-    fig, axes = _grid(plt, len(groups), ncols)
+    plt, groups, order, fig, axes = _log_panels(rows, path, ncols)
     for ax, (log, lrows) in zip(axes, groups.items()):
         r0 = lrows[0]
         const, op = shaded_shares(lrows)
@@ -240,14 +249,8 @@ def plot_accesses(rows, path, *, title: Optional[str] = None, ncols: int = 3) ->
     Raises:
         DtrError: no rows, or a bad figure path.
     """
-    check_figure_path(path)
-    if not rows:
-        raise DtrError("no sweep rows to plot")
-    plt = _pyplot()
     from matplotlib.lines import Line2D
-    groups = _by_log(rows)
-    order = _heuristic_order(rows)
-    fig, axes = _grid(plt, len(groups), ncols)
+    plt, groups, order, fig, axes = _log_panels(rows, path, ncols)
     for ax, (log, lrows) in zip(axes, groups.items()):
         for h in order:
             hrows = [r for r in lrows if r.heuristic == h]
