@@ -11,7 +11,9 @@ one is one small decorated class.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Callable, Dict
+from typing import Callable
+
+from dtr.registry import Registry
 
 __all__ = ["Heuristic", "register_heuristic", "get_heuristic", "heuristic_names", "COST_MODES"]
 
@@ -51,7 +53,7 @@ class Heuristic:
         return h
 
 
-_REGISTRY: Dict[str, Heuristic] = {}
+_REGISTRY: Registry[Heuristic] = Registry("heuristic")
 
 
 def register_heuristic(name: str) -> Callable[[type], type]:
@@ -61,7 +63,7 @@ def register_heuristic(name: str) -> Callable[[type], type]:
         fields = {k: getattr(cls, k) for k in ("cost", "use_size", "use_staleness", "random") if hasattr(cls, k)}
         if fields.get("cost", "eqclass") not in COST_MODES:
             raise ValueError(f"heuristic {name!r}: unknown cost term {fields['cost']!r}")
-        _REGISTRY[name] = Heuristic(name=name, **fields)
+        _REGISTRY.add(name, Heuristic(name=name, **fields))
         return cls
 
     return wrap
@@ -73,15 +75,12 @@ def get_heuristic(name: str) -> Heuristic:
     Raises:
         ValueError: unknown name; the message lists the valid ones.
     """
-    try:
-        return _REGISTRY[name]
-    except KeyError:
-        raise ValueError(f"unknown heuristic {name!r} (valid: {', '.join(heuristic_names())})") from None
+    return _REGISTRY.get(name)
 
 
 def heuristic_names() -> list:
     """The registered heuristic names, in registration order."""
-    return list(_REGISTRY)
+    return _REGISTRY.names()
 
 
 @register_heuristic("dtr")

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 
@@ -40,3 +41,12 @@ def constant_bytes(model: nn.Module, *inputs: torch.Tensor) -> int:
     """Bytes of the tensors that exist before the step: parameters, buffers, inputs."""
     ts = list(model.parameters()) + list(model.buffers()) + list(inputs)
     return sum(t.untyped_storage().nbytes() for t in ts)
+
+
+def train_step(model: nn.Module, x: torch.Tensor, y: torch.Tensor, seed: int = 1) -> torch.Tensor:
+    """One seeded training step (cross-entropy); returns the detached loss."""
+    torch.manual_seed(seed)
+    model.zero_grad(set_to_none=True)
+    loss = F.cross_entropy(model(x), y)
+    loss.backward()
+    return loss.detach()

@@ -11,21 +11,12 @@ import textwrap
 import pytest
 
 torch = pytest.importorskip("torch")
-import torch.nn.functional as F  # noqa: E402
 
 import dtr  # noqa: E402
 from dtr.sim import replay  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(__file__))
-from runtime_models import cnn, constant_bytes, mlp  # noqa: E402
-
-
-def train_step(model, x, y, seed=1):
-    torch.manual_seed(seed)
-    model.zero_grad(set_to_none=True)
-    loss = F.cross_entropy(model(x), y)
-    loss.backward()
-    return loss.detach()
+from runtime_models import cnn, constant_bytes, mlp, train_step  # noqa: E402
 
 
 def snapshot(model):

@@ -27,13 +27,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 from runtime_zoo_small import (RandomOpsNet, assert_same_grads, budget_at, constant_bytes, mlp,  # noqa: E402
                                peak_of)
 
-
-def seeded_step(model, x, y, seed=1):
-    torch.manual_seed(seed)
-    model.zero_grad(set_to_none=True)
-    loss = F.cross_entropy(model(x), y)
-    loss.backward()
-    return loss.detach()
+from runtime_models import train_step  # noqa: E402
 
 
 def assert_tight(b, limit):
@@ -238,7 +232,7 @@ def make_training(seed=0):
 
 def train_one(model, opt, data, step):
     x, y = data[step % len(data)]
-    loss = seeded_step(model, x, y, seed=100 + step)
+    loss = train_step(model, x, y, seed=100 + step)
     opt.step()
     return loss
 
@@ -379,7 +373,7 @@ def test_mode_is_gone_after_the_block_and_tensors_are_usable():
     def body(m):
         with torch.no_grad():
             hidden = [m[:k](x) for k in (2, 4, 6, 8)]
-        seeded_step(m, x, y)  # pressure: the held tensors get evicted
+        train_step(m, x, y)  # pressure: the held tensors get evicted
         return hidden
 
     limit = budget_at(constant_bytes(model, x, y), peak_of(lambda: body(copy.deepcopy(model))), 0.5)
@@ -408,18 +402,18 @@ def test_explicit_random_ops_replay_identically(f):
     torch.manual_seed(0)
     model, x, y = RandomOpsNet(width=128, depth=4), torch.randn(512, 128), torch.randint(0, 10, (512,))
     ref = copy.deepcopy(model)
-    ref_loss = seeded_step(ref, x, y)
-    limit = budget_at(constant_bytes(model, x, y), peak_of(lambda: seeded_step(copy.deepcopy(model), x, y)), f)
+    ref_loss = train_step(ref, x, y)
+    limit = budget_at(constant_bytes(model, x, y), peak_of(lambda: train_step(copy.deepcopy(model), x, y)), f)
     with dtr.budget(limit, cost_model="flops") as b:
-        loss = seeded_step(model, x, y)
+        loss = train_step(model, x, y)
     assert torch.equal(loss, ref_loss)
     assert_same_grads(model, ref)
     assert_tight(b, limit)
     # The generator ends where plain PyTorch leaves it (replays restore the state they borrowed).
     torch.manual_seed(1)
-    seeded_step(copy.deepcopy(ref), x, y)
+    train_step(copy.deepcopy(ref), x, y)
     after_plain = torch.rand(4)
     torch.manual_seed(1)
     with dtr.budget(limit, cost_model="flops"):
-        seeded_step(copy.deepcopy(ref), x, y)
+        train_step(copy.deepcopy(ref), x, y)
     assert torch.equal(torch.rand(4), after_plain)

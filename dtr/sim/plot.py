@@ -163,16 +163,25 @@ def _figure_legend(fig, handles, labels, ncol: int) -> None:
                bbox_to_anchor=(0.5, -0.01))
 
 
+def _start(path, items, what: str):
+    """Check the figure path and that there is something to draw; returns pyplot.
+
+    Raises:
+        DtrError: a bad figure path, or no ``items`` (the message names ``what``).
+    """
+    check_figure_path(path)
+    if not items:
+        raise DtrError(f"no {what} to plot")
+    return _pyplot()
+
+
 def _log_panels(rows, path, ncols: int):
     """Checks and the common setup of the per-log figures: (pyplot, rows by log, heuristic order, figure, axes).
 
     Raises:
         DtrError: no rows, or a bad figure path.
     """
-    check_figure_path(path)
-    if not rows:
-        raise DtrError("no sweep rows to plot")
-    plt = _pyplot()
+    plt = _start(path, rows, "sweep rows")
     groups = _by_log(rows)
     fig, axes = _grid(plt, len(groups), ncols)
     return plt, groups, _heuristic_order(rows), fig, axes
@@ -305,12 +314,9 @@ def plot_ablation(rows, path, *, base: str = "dtr", title: Optional[str] = None)
     Raises:
         DtrError: no ablation rows, or a bad figure path.
     """
-    check_figure_path(path)
     spec = {h.name: h for h in ablation_heuristics(base)}
     rows = [r for r in rows if r.heuristic in spec]
-    if not rows:
-        raise DtrError("no ablation rows to plot (run the heuristics of ablation_heuristics())")
-    plt = _pyplot()
+    plt = _start(path, rows, "ablation rows (run the heuristics of ablation_heuristics())")
     from matplotlib.lines import Line2D
     groups = _by_log(rows)
     fig, axes = plt.subplots(len(groups), len(COST_MODES), figsize=(4.2 * len(COST_MODES), 3.3 * len(groups)),
@@ -356,10 +362,7 @@ def plot_chain_scaling(points, path, *, title: Optional[str] = None) -> None:
     Raises:
         DtrError: no points, or a bad figure path.
     """
-    check_figure_path(path)
-    if not points:
-        raise DtrError("no chain points to plot")
-    plt = _pyplot()
+    plt = _start(path, points, "chain points")
     specs = list(dict.fromkeys(p.budget_spec for p in points))
     names = {"sqrt": "B = ceil(2 sqrt n)", "log": "B = ceil(log2 n)"}
     fig, axes = _grid(plt, len(specs), len(specs), width=5.6, height=4.3)
@@ -406,10 +409,7 @@ def plot_memory_traces(traces, path, *, ncols: int = 2, title: Optional[str] = N
     Raises:
         DtrError: no traces, or a bad figure path.
     """
-    check_figure_path(path)
-    if not traces:
-        raise DtrError("no memory traces to plot")
-    plt = _pyplot()
+    plt = _start(path, traces, "memory traces")
     import numpy as np
     from matplotlib.colors import ListedColormap
     from matplotlib.patches import Patch

@@ -2,10 +2,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Mapping, Tuple, TypeVar
+from typing import Any, Callable, List, Mapping, Tuple, TypeVar
 
 import torch
 from torch import nn
+
+from dtr.registry import Registry
 
 __all__ = ["ZooModel", "register_model", "get_model", "model_names", "BatchFn", "LossFn", "seeded", "param_count"]
 
@@ -37,7 +39,7 @@ class ZooModel:
     shapes: Mapping[str, Any] = field(default_factory=dict)
 
 
-_FACTORIES: Dict[str, Callable[..., ZooModel]] = {}
+_FACTORIES: Registry[Callable[..., ZooModel]] = Registry("model", sort_names=True)
 
 
 def register_model(name: str) -> Callable[[Callable[..., ZooModel]], Callable[..., ZooModel]]:
@@ -54,17 +56,14 @@ def register_model(name: str) -> Callable[[Callable[..., ZooModel]], Callable[..
     """
 
     def wrap(factory: Callable[..., ZooModel]) -> Callable[..., ZooModel]:
-        if name in _FACTORIES:
-            raise ValueError(f"model {name!r} is already registered")
-        _FACTORIES[name] = factory
-        return factory
+        return _FACTORIES.add(name, factory, replace=False)
 
     return wrap
 
 
 def model_names() -> List[str]:
     """The registered model names, sorted."""
-    return sorted(_FACTORIES)
+    return _FACTORIES.names()
 
 
 def get_model(name: str, **options: Any) -> ZooModel:
@@ -86,11 +85,7 @@ def get_model(name: str, **options: Any) -> ZooModel:
         ImportError: an optional dependency of the model is missing
             (``transformers`` for ``hf-gpt2``).
     """
-    try:
-        factory = _FACTORIES[name]
-    except KeyError:
-        raise ValueError(f"unknown model {name!r}; valid: {', '.join(model_names())}") from None
-    return factory(**options)
+    return _FACTORIES.get(name)(**options)
 
 
 T = TypeVar("T")

@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, replace
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Callable, List, Optional, Tuple
 
+from dtr.registry import Registry
 from dtr.sim.graph import PlanGraph
 
 __all__ = ["PlanOptions", "PlanResult", "register_planner", "get_planner", "planner_names", "run_planner",
@@ -77,22 +78,21 @@ class PlanResult:
 
 
 Planner = Callable[[PlanGraph, int, PlanOptions], PlanResult]
-_REGISTRY: Dict[str, Planner] = {}
+_REGISTRY: Registry[Planner] = Registry("planner")
 
 
 def register_planner(name: str) -> Callable[[Planner], Planner]:
     """Decorator: register ``plan(pg, budget, options) -> PlanResult`` as ``name``."""
 
     def wrap(fn: Planner) -> Planner:
-        _REGISTRY[name] = fn
-        return fn
+        return _REGISTRY.add(name, fn)
 
     return wrap
 
 
 def planner_names() -> List[str]:
     """The registered planners, in their reporting order."""
-    return list(_REGISTRY)
+    return _REGISTRY.names()
 
 
 def get_planner(name: str) -> Planner:
@@ -101,10 +101,7 @@ def get_planner(name: str) -> Planner:
     Raises:
         ValueError: unknown name; the message lists the valid ones.
     """
-    try:
-        return _REGISTRY[name]
-    except KeyError:
-        raise ValueError(f"unknown planner {name!r} (valid: {', '.join(planner_names())})") from None
+    return _REGISTRY.get(name)
 
 
 def run_planner(name: str, pg: PlanGraph, budget: int, options: Optional[PlanOptions] = None) -> PlanResult:
