@@ -89,6 +89,7 @@ PYBIND11_MODULE(_C, m) {
       .def_readwrite("seed", &Config::seed)
       .def_readwrite("sample", &Config::sample)
       .def_readwrite("free_dead_constants", &Config::free_dead_constants)
+      .def_readwrite("keep_needed", &Config::keep_needed)
       .def_readwrite("remat_limit", &Config::remat_limit);
 
   py::class_<Core>(m, "Core")
@@ -128,6 +129,9 @@ PYBIND11_MODULE(_C, m) {
       .def("pinned", &Core::pinned)
       .def("locks", &Core::locks)
       .def("refs", &Core::refs)
+      .def("storage_refs", &Core::storage_refs)
+      .def("storage_deps", &Core::storage_deps)
+      .def("forget", &Core::forget)
       .def("storage_size", &Core::storage_size)
       .def("storage_cost", &Core::storage_cost)
       .def("score", &Core::score)

@@ -314,9 +314,52 @@ void Core::release(int t) {
   if (cfg_.banish) {
     try_banish(sid);
   } else if (cfg_.eager_evict && s.resident && !s.pinned) {
-    if (s.locks == 0) evict(sid, /*by_heuristic=*/false);
-    else s.evict_on_unlock = true;  // in use by a (re)computation right now
+    if (s.locks > 0) s.evict_on_unlock = true;  // in use by a (re)computation right now
+    else if (cfg_.keep_needed) free_if_unneeded(sid);
+    else evict(sid, /*by_heuristic=*/false);
   }
+  if (cfg_.keep_needed && !s.resident && !s.banished) {
+    // An evicted tensor nobody references: what was kept for it may go now.
+    const std::vector<int> deps = storages_[sid].deps;
+    for (int d : deps) free_if_unneeded(d);
+  }
+}
+
+// Note [Freeing what an evicted tensor needs]
+// Eager eviction frees a storage when its last reference dies. If a storage
+// that depends on it was evicted earlier (while this one was still alive, so
+// evicting it looked cheap), freeing it silently turns that cheap eviction
+// into an expensive one: bringing the dependent back now means recomputing
+// this storage too, and, in a backward pass, the chain of gradients behind it.
+// In an LSTM's backward at half its peak this made every step recompute the
+// whole backward so far. With Config::keep_needed a released storage that an
+// evicted, still referenced storage depends on stays resident (refs 0, in the
+// pool, so the heuristic can still evict it at its true cost); it is freed as
+// soon as nothing evicted and referenced needs it: when its last such
+// dependent comes back (at the unlock after that recomputation) or is
+// released. A rematerialized storage nobody references is freed the same way
+// once its dependents are back, instead of staying resident until the
+// heuristic finds it.
+
+bool Core::needed_by_evicted(int sid) const {
+  for (int d : storages_[sid].dependents) {
+    const Storage& ds = storages_[d];
+    if (!ds.resident && !ds.banished && (ds.refs > 0 || ds.wanted > 0)) return true;
+  }
+  return false;
+}
+
+void Core::free_if_unneeded(int sid) {
+  Storage& s = storages_[sid];
+  // (wanted: one of its tensors is being rematerialized right now.)
+  if (s.refs > 0 || s.wanted > 0 || !s.resident || s.pinned || s.locks > 0 || s.banished) return;
+  if (!needed_by_evicted(sid)) evict(sid, /*by_heuristic=*/false);
+}
+
+void Core::forget(int sid) {
+  Storage& s = storages_.at(sid);
+  if (s.refs > 0 || s.locks > 0 || s.pinned) throw std::logic_error("forget of a storage in use " + std::to_string(sid));
+  if (s.resident) evict(sid, /*by_heuristic=*/false);
 }
 
 void Core::lock(int sid) {
@@ -338,6 +381,7 @@ void Core::unlock(int sid) {
   }
   s.evict_on_unlock = false;
   pool_add(sid);
+  if (cfg_.keep_needed && cfg_.eager_evict && !cfg_.banish) free_if_unneeded(sid);
 }
 
 void Core::require(int t) {
@@ -380,6 +424,7 @@ void Core::materialize(int t0, bool remat0, bool stop_before_root) {
   auto begin = [&](int t, bool remat) {
     const Op& op = ops_[tensors_[t].op];
     touch_parents(tensors_[t].op);
+    storages_[tensors_[t].storage].wanted += 1;
     Frame f{t, remat, {}, 0, false};
     for (int p : op.inputs)
       if (tensors_[p].defined) lock(tensors_[p].storage);
@@ -388,36 +433,44 @@ void Core::materialize(int t0, bool remat0, bool stop_before_root) {
     stack.push_back(std::move(f));
   };
   begin(t0, remat0);
-  while (!stack.empty()) {
-    Frame& f = stack.back();
-    if (f.waiting) {  // pending[i] has just been rematerialized
-      lock(tensors_[f.pending[f.i]].storage);
-      f.waiting = false;
-      ++f.i;
-      continue;
-    }
-    if (f.i < f.pending.size()) {
-      int p = f.pending[f.i];
-      if (tensors_[p].defined) {  // a sibling's recomputation brought it back
-        lock(tensors_[p].storage);
+  try {
+    while (!stack.empty()) {
+      Frame& f = stack.back();
+      if (f.waiting) {  // pending[i] has just been rematerialized
+        lock(tensors_[f.pending[f.i]].storage);
+        f.waiting = false;
         ++f.i;
-      } else {
-        f.waiting = true;
-        begin(p, true);  // invalidates f
+        continue;
       }
-      continue;
+      if (f.i < f.pending.size()) {
+        int p = f.pending[f.i];
+        if (tensors_[p].defined) {  // a sibling's recomputation brought it back
+          lock(tensors_[p].storage);
+          ++f.i;
+        } else {
+          f.waiting = true;
+          begin(p, true);  // invalidates f
+        }
+        continue;
+      }
+      const int t = f.t;
+      const bool remat = f.remat;
+      const int op_id = tensors_[t].op;
+      if (stop_before_root && stack.size() == 1) {  // begin_call: the driver runs the op itself
+        stack.pop_back();
+        storages_[tensors_[t].storage].wanted -= 1;
+        make_room(ops_[op_id].total_size - ops_[op_id].inplace_bytes);
+        return;
+      }
+      make_room(ops_[op_id].total_size);
+      compute(t, remat);
+      finish(op_id, remat);  // (still wanted here: its unlocks must not free what it just computed)
+      stack.pop_back();
+      storages_[tensors_[t].storage].wanted -= 1;
     }
-    const int t = f.t;
-    const bool remat = f.remat;
-    stack.pop_back();
-    const int op_id = tensors_[t].op;
-    if (stop_before_root && stack.empty()) {  // begin_call: the driver runs the op itself
-      make_room(ops_[op_id].total_size - ops_[op_id].inplace_bytes);
-      return;
-    }
-    make_room(ops_[op_id].total_size);
-    compute(t, remat);
-    finish(op_id, remat);
+  } catch (...) {  // out of memory or thrashing: the frames are abandoned
+    for (const Frame& f : stack) storages_[tensors_[f.t].storage].wanted -= 1;
+    throw;
   }
 }
 
@@ -782,6 +835,7 @@ void Core::check() const {
     if (s.pool_pos >= 0 && (s.pool_pos >= int(pool_.size()) || pool_[s.pool_pos] != int(sid)))
       fail(name + ": pool position is stale");
     if (s.locks < 0) fail(name + ": negative lock count");
+    if (s.wanted != 0) fail(name + ": wanted by a materialization between instructions");
     if (s.pinned && (!s.resident || s.locks < 1)) fail(name + ": pinned but not resident and locked");
     if (cfg_.cost == CostMode::EqClass && !s.resident && !s.banished && s.uf < 0)
       fail(name + ": evicted storage without an eqclass node");

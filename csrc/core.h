@@ -45,6 +45,7 @@ struct Config {
   int sample = 0;               // >0: score only this many random pool members per eviction
   bool free_dead_constants = false;  // free a constant when its last reference dies (after protect())
   double remat_limit = std::numeric_limits<double>::infinity();  // stop once remat compute passes it
+  bool keep_needed = false;     // see Note [Freeing what an evicted tensor needs] in core.cpp
 };
 
 struct Counters {
@@ -159,6 +160,12 @@ class Core {
   bool pinned(int s) const { return storages_.at(s).pinned; }
   int locks(int s) const { return storages_.at(s).locks; }
   int64_t refs(int t) const { return tensors_.at(t).refs; }
+  int64_t storage_refs(int s) const { return storages_.at(s).refs; }
+  // The storages that storage `s`'s tensors are computed from.
+  const std::vector<int>& storage_deps(int s) const { return storages_.at(s).deps; }
+  // The driver lost the memory of an unreferenced resident storage (it was
+  // kept for an evicted dependent but could not be held): mark it evicted.
+  void forget(int s);
   int64_t storage_size(int s) const { return storages_.at(s).size; }
   double storage_cost(int s) const { return storages_.at(s).cost; }
   int pool_size() const { return int(pool_.size()); }
@@ -214,6 +221,7 @@ class Core {
     int64_t refs = 0;
     bool resident = false, pinned = false, banished = false, banish_pending = false;
     bool evict_on_unlock = false;  // its last reference died while it was locked
+    int wanted = 0;                // frames of materialize() computing one of its tensors right now
     bool collected = false;        // returned by collect(): never needed again
     double cost = 0;
     double last_access = -std::numeric_limits<double>::infinity();
@@ -261,6 +269,8 @@ class Core {
   double full_cost(int s);
   void dirty_frontier(int s);
   void after_remat(int s);
+  bool needed_by_evicted(int s) const;
+  void free_if_unneeded(int s);
   void touch_parents(int op);
   void count_uf_nbrs(int sid, int delta);
 };

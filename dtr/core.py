@@ -22,7 +22,8 @@ RawLogError = _C.LogError
 
 def make_config(heuristic: Heuristic | str = "eqclass", budget: Optional[int] = None, *,
                 banish: bool = False, seed: int = 0, sample: int = 0,
-                remat_limit: float = math.inf, free_dead_constants: bool = False) -> "_C.Config":
+                remat_limit: float = math.inf, free_dead_constants: bool = False,
+                keep_needed: bool = False) -> "_C.Config":
     """Build the core's configuration.
 
     Args:
@@ -35,6 +36,10 @@ def make_config(heuristic: Heuristic | str = "eqclass", budget: Optional[int] = 
         remat_limit: stop once rematerialization compute passes this.
         free_dead_constants: free a constant whose last reference dies (the
             runtime's semantics) instead of keeping it resident (simrd's).
+        keep_needed: on its last release, keep a storage resident while an
+            evicted, referenced storage depends on it, and free rematerialized
+            unreferenced storages once their dependents are back (the core's
+            Note [Freeing what an evicted tensor needs]).
 
     Raises:
         ValueError: unknown heuristic name.
@@ -51,6 +56,7 @@ def make_config(heuristic: Heuristic | str = "eqclass", budget: Optional[int] = 
     cfg.sample = sample
     cfg.remat_limit = remat_limit
     cfg.free_dead_constants = free_dead_constants
+    cfg.keep_needed = keep_needed
     return cfg
 
 

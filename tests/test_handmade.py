@@ -134,3 +134,42 @@ def test_alias_recompute_is_per_storage():
     assert c.defined(v) and c.defined(a)
     assert c.counters["remats"] == 2 and c.counters["remat_compute"] == 2.5
     c.check()
+
+
+@pytest.mark.parametrize("keep_needed", [False, True])
+def test_keep_needed_keeps_what_an_evicted_tensor_depends_on(keep_needed):
+    # w (constant, 0); x = f(w) (10 bytes, cost 100); a = g(x) (20, cost 1);
+    # b = h(w) (5); n = k(w) (10) makes 45 > 40, so `largest` evicts a. Then
+    # the program releases x. Without keep_needed x is freed at once, and
+    # bringing a back reruns f too (101). With it x stays resident while the
+    # evicted a needs it, only g reruns (1), and x is freed once a is back.
+    c = Core("largest", budget=40, keep_needed=keep_needed)
+    w = c.constant(0)
+    (x,) = c.call([w], [10], [-1], 100.0)
+    (a,) = c.call([x], [20], [-1], 1.0)
+    c.call([w], [5], [-1], 1.0)
+    c.call([w], [10], [-1], 1.0)
+    assert not c.defined(a) and c.defined(x)
+    c.release(x)
+    c.check()
+    assert c.resident(c.storage_of(x)) == keep_needed
+    assert c.counters["memory"] == (25 if keep_needed else 15)
+    c.require(a)
+    c.check()
+    assert c.counters["remat_compute"] == (1.0 if keep_needed else 101.0)
+    # With keep_needed x is freed again (nothing evicted needs it); without, the
+    # recomputed x stays resident, unreferenced, until the heuristic picks it.
+    assert c.resident(c.storage_of(x)) == (not keep_needed)
+
+
+def test_keep_needed_frees_when_the_evicted_dependent_is_released():
+    c = Core("largest", budget=40, keep_needed=True)
+    w = c.constant(0)
+    (x,) = c.call([w], [10], [-1], 100.0)
+    (a,) = c.call([x], [20], [-1], 1.0)
+    c.call([w], [15], [-1], 1.0)  # 45 > 40: a goes
+    c.release(x)
+    assert c.resident(c.storage_of(x))
+    c.release(a)  # nothing evicted and referenced needs x any more
+    c.check()
+    assert not c.resident(c.storage_of(x)) and c.counters["memory"] == 15

@@ -248,14 +248,7 @@ def step_limit(model, data):
     return budget_at(const + 2 * grads, peak_of(lambda: train_one(m, opt, data, 1)), 0.5)
 
 
-ONE_WITH_OOB = ("OutOfBudgetError at step 3 of one `with` around all steps, at the budget that the same step passes "
-                "in a fresh `with` each step: rematerialization in the backward locks 4 activations at once "
-                "(703064 bytes needed > 683880), and recomputed refs-0 tensors stay resident between steps")
-
-
-@pytest.mark.parametrize("one_with", [pytest.param(True, marks=pytest.mark.xfail(strict=True, reason=ONE_WITH_OOB,
-                                                                                   raises=dtr.OutOfBudgetError)),
-                                      False], ids=["one-with-around-all", "one-with-per-step"])
+@pytest.mark.parametrize("one_with", [True, False], ids=["one-with-around-all", "one-with-per-step"])
 def test_fifty_steps_exact_and_bounded_memory(one_with):
     model, opt, data = make_training()
     limit = step_limit(model, data)

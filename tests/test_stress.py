@@ -56,16 +56,17 @@ def random_log(seed: int, steps: int = 200) -> str:
 
 
 @pytest.mark.parametrize("heuristic", ["dtr", "eqclass", "local", "lru", "largest", "random"])
-@pytest.mark.parametrize("banish", [False, True])
-def test_random_logs_keep_invariants(heuristic, banish):
+@pytest.mark.parametrize("banish,keep_needed", [(False, False), (True, False), (False, True)],
+                         ids=["eager", "banish", "keep-needed"])
+def test_random_logs_keep_invariants(heuristic, banish, keep_needed):
     statuses = set()
     for seed in range(25):
         log = parse_text(random_log(seed), path=f"<random {seed}>")
-        base = replay(log, heuristic, None, check=True, banish=banish)
+        base = replay(log, heuristic, None, check=True, banish=banish, keep_needed=keep_needed)
         assert base.status == "ok" and base.evictions == 0
         for frac in (0.8, 0.5, 0.3):
             r = replay(log, heuristic, int(base.peak_bytes * frac), thrash_limit=4, check=True, banish=banish,
-                       seed=seed, baseline_peak=base.peak_bytes)
+                       seed=seed, baseline_peak=base.peak_bytes, keep_needed=keep_needed)
             statuses.add(r.status)
             assert r.peak_bytes <= r.budget_bytes
             if r.status == "ok":

@@ -56,6 +56,16 @@ _POLL_EVERY = 16
 _MAX_VERSIONS = 8   # see Note [Version chains]
 _GC_MIN_OPS = 256
 
+# Note [Keeping what evicted tensors need]
+# The core (Config::keep_needed, its Note [Freeing what an evicted tensor
+# needs]) keeps a released storage resident while an evicted, referenced
+# storage depends on it. The runtime makes that real: when a referenced
+# storage is evicted, the buffers it is computed from become strongly held
+# (as constants' are), so the program dropping one of them later does not free
+# its memory; the core frees it (resizes it to 0) once nothing evicted needs
+# it. A storage that was already gone when it was released is "forgotten"
+# (marked evicted) so that it is recomputed rather than read.
+
 # Note [Version chains]
 # Each in-place write makes a new version computed from the old one, so a
 # buffer written every step (optimizer state, accumulated gradients) would keep
@@ -174,6 +184,8 @@ class DTRMode(TorchDispatchMode):
         self.core = core
         self.cost_model = cost_model
         self.recorder = recorder
+        # A recording polls at every op, so its releases are where the program dropped them.
+        self._poll_every = 1 if recorder is not None else _POLL_EVERY
         self.thrash_limit = thrash_limit
         self.device_type = device.type if device is not None else None
         self.device: Optional[torch.device] = device
@@ -250,7 +262,13 @@ class DTRMode(TorchDispatchMode):
             del self.version[key]
         if self.recorder is not None:
             self.recorder.release(h)
-        self.core.release(t)
+        core = self.core
+        core.release(t)
+        s = core.storage_of(t)
+        if core.resident(s) and core.storage_refs(s) == 0:  # kept for an evicted dependent
+            buf = self.phys.get(s)
+            if buf is None or buf.get() is None:  # but its memory is gone: it must be recomputed
+                core.forget(s)
 
     # ------------------------------------------------------------- core hooks
     def _on_evict(self, s: int) -> None:
@@ -258,6 +276,18 @@ class DTRMode(TorchDispatchMode):
         st = buf.get() if buf is not None else None
         if st is not None:
             st.resize_(0)
+        if self.core.storage_refs(s) > 0:
+            self._hold_deps(s)
+
+    def _hold_deps(self, s: int) -> None:
+        """Hold the storages evicted ``s`` is computed from strongly (see Note [Keeping what evicted tensors need])."""
+        phys = self.phys
+        for d in self.core.storage_deps(s):
+            buf = phys.get(d)
+            if buf is not None and buf.weak is not None:
+                st = buf.get()
+                if st is not None:
+                    phys[d] = _Buf(st, owned=True, shared=True)
 
     def _on_pin(self, s: int) -> None:
         # A constant must outlive the program's references (see _Buf): hold it.
@@ -360,7 +390,7 @@ class DTRMode(TorchDispatchMode):
         if pred.sizes is None:  # no meta kernel: run it first, account for it after
             return self._run_unpredicted(func, args, kwargs, leaves, spec, ins, tpos)
         sizes = list(pred.sizes)
-        if self.ops_seen % _POLL_EVERY == 0 or (core.budget >= 0 and core.memory + sum(sizes) > core.budget) \
+        if self.ops_seen % self._poll_every == 0 or (core.budget >= 0 and core.memory + sum(sizes) > core.budget) \
                 or not all(map(core.defined, ins)):  # a recomputation must not read a storage just dropped
             self.poll()
         rng = _rng_state(leaves[tpos[0]].device) if torch.Tag.nondeterministic_seeded in func.tags else None

@@ -100,16 +100,29 @@ def resolve_budget(spec: BudgetSpec, baseline_peak: int) -> Optional[int]:
                           f"or a percentage of the log's peak such as 40%)") from None
 
 
+def log_semantics(log: Log) -> dict:
+    """The core options a log's recorder ran under, from its meta line.
+
+    A log written by ``dtr.budget`` frees constants whose last reference dies
+    and keeps a released storage while an evicted, referenced one needs it
+    (the core's Note [Freeing what an evicted tensor needs]); simrd's logs and
+    hand-written ones use neither, unless their meta line says so. Replaying
+    with the recorder's semantics is what makes a replay reproduce the
+    runtime's decisions.
+    """
+    return {"free_dead_constants": bool(log.meta.get("free_dead_constants", False)),
+            "keep_needed": bool(log.meta.get("keep_needed", False))}
+
+
 def baseline(log: Log) -> dict:
     """The log replayed without a memory limit (raw counters)."""
-    return replay_program(log.program, "local", None,
-                          free_dead_constants=bool(log.meta.get("free_dead_constants", False)))
+    return replay_program(log.program, "local", None, **log_semantics(log))
 
 
 def replay(log: Union[Log, str, os.PathLike], heuristic: Union[Heuristic, str] = "eqclass",
            budget: BudgetSpec = None, *, thrash_limit: float = 3.0, banish: bool = False,
            seed: int = 0, sample: int = 0, check: bool = False,
-           baseline_peak: Optional[int] = None) -> ReplayResult:
+           baseline_peak: Optional[int] = None, keep_needed: Optional[bool] = None) -> ReplayResult:
     """Replay a log under a budget with one heuristic.
 
     Args:
@@ -123,6 +136,8 @@ def replay(log: Union[Log, str, os.PathLike], heuristic: Union[Heuristic, str] =
         sample: score only this many random pool members per eviction (0: all).
         check: check the core's invariants after every instruction (slow).
         baseline_peak: the log's peak without limit, if already known.
+        keep_needed: override the log's own semantics (None: its meta line's;
+            see :func:`log_semantics`).
 
     Raises:
         LogFormatError: ``log`` is a path to a bad log.
@@ -135,9 +150,11 @@ def replay(log: Union[Log, str, os.PathLike], heuristic: Union[Heuristic, str] =
     if baseline_peak is None:
         baseline_peak = baseline(log)["peak_memory"]
     budget_bytes = resolve_budget(budget, baseline_peak)
+    semantics = log_semantics(log)
+    if keep_needed is not None:
+        semantics["keep_needed"] = keep_needed
     raw = replay_program(log.program, h, budget_bytes, thrash_limit=thrash_limit, check=check,
-                         banish=banish, seed=seed, sample=sample,
-                         free_dead_constants=bool(log.meta.get("free_dead_constants", False)))
+                         banish=banish, seed=seed, sample=sample, **semantics)
     base = raw["base_total"]
     total = raw["base_compute"] + raw["remat_compute"]
     failed = raw["status"] != "ok"

@@ -89,8 +89,9 @@ class ChainPoint:
 def _events(log, heuristic, budget: int, banish: bool, thrash_limit: float):
     from dtr.core import replay_program
     h = get_heuristic(heuristic) if isinstance(heuristic, str) else heuristic
-    extra = {"free_dead_constants": True} if log.meta.get("free_dead_constants") else {}  # as replay() does
-    raw = replay_program(log.program, h, budget, thrash_limit=thrash_limit, banish=banish, trace=True, **extra)
+    from dtr.sim.replay import log_semantics
+    raw = replay_program(log.program, h, budget, thrash_limit=thrash_limit, banish=banish, trace=True,
+                         **log_semantics(log))
     return h, raw
 
 
