@@ -24,14 +24,15 @@ TINY = {
     "densenet-bc": (dict(depth=22, growth=4, image_size=16), 4),
     "unet": (dict(width=4, levels=2, image_size=16), 4),
     "gpt": (dict(vocab_size=32, d_model=16, n_layers=2, n_heads=2, seq_len=32), 4),
-    "lstm": (dict(vocab_size=32, embed_size=16, hidden_size=16, seq_len=8), 8),
-    "treelstm": (dict(vocab_size=32, embed_size=8, hidden_size=16, min_leaves=2, max_leaves=4), 8),
+    "lstm": (dict(vocab_size=32, embed_size=16, hidden_size=16, seq_len=8), 64),
+    "treelstm": (dict(vocab_size=32, embed_size=8, hidden_size=16, min_leaves=8, max_leaves=16), 16),
     "hf-gpt2": (dict(vocab_size=32, n_embd=16, n_layer=2, n_head=2, seq_len=32), 4),
 }
-# Recurrent models: at 50% of their own activation memory the eqclass heuristic
-# thrashes (a known limitation, reported with issue #4; suspected cause: their
-# weight gradients accumulate over a long chain of out-of-place adds of large
-# outer products, one per time step or tree node). They are exact at 75%.
+# Recurrent models need a batch (LSTM) or enough tree nodes (TreeLSTM) for the
+# activations to outweigh what the backward allocates per time step or node
+# whatever the budget: a weight-gradient outer product and its accumulation
+# (and, for the LSTM's x[t], a zero-filled gradient of all of x). With 8
+# sequences or 3-node trees those transients alone were most of the peak.
 RECURRENT = {"lstm", "treelstm"}
 
 
@@ -104,21 +105,14 @@ def test_model_builds_and_batches_are_seeded(name):
     assert torch.equal(first, next(iter(zm.module.parameters())))  # weights are seeded too
 
 
-@pytest.mark.parametrize("name", sorted(set(TINY) - RECURRENT))
+@pytest.mark.parametrize("name", sorted(TINY))
 def test_exact_at_half_budget(name):
-    _check_exact(name, 0.5)
-
-
-@pytest.mark.parametrize("name", sorted(RECURRENT))
-def test_recurrent_exact_at_three_quarters(name):
-    _check_exact(name, 0.75)
-
-
-@pytest.mark.xfail(strict=True, raises=dtr.ThrashingError,
-                   reason="KNOWN FAILURE (issue #4): eqclass thrashes on recurrent models (LSTM, TreeLSTM) at 50%")
-@pytest.mark.parametrize("name", sorted(RECURRENT))
-def test_recurrent_at_half_budget(name):
     _check_exact(name, 0.5, thrash_limit=3.0)
+
+
+@pytest.mark.parametrize("name", sorted(RECURRENT))
+def test_recurrent_exact_at_a_third(name):
+    _check_exact(name, 0.35, thrash_limit=3.0)
 
 
 def test_treelstm_trees_depend_on_the_seed():
