@@ -104,7 +104,17 @@ PYBIND11_MODULE(_C, m) {
       .def("end_call", &Core::end_call)
       .def("abort_call", &Core::abort_call)
       .def("protect", &Core::protect)
+      .def("protect_targets", &Core::protect_targets)
       .def("collect", &Core::collect)
+      .def("compact",
+           [](Core& c) {
+             Core::Remap r = c.compact();
+             return py::make_tuple(std::move(r.ops), std::move(r.tensors), std::move(r.storages));
+           })
+      .def_property_readonly("num_collected_storages", &Core::num_collected_storages)
+      .def("collected", &Core::collected)
+      .def("op_collected", &Core::op_collected)
+      .def("storage_tensors", &Core::storage_tensors)
       .def("retain", &Core::retain)
       .def("release", &Core::release)
       .def("require", &Core::require)

@@ -25,8 +25,11 @@ int Core::new_op(const std::vector<int>& inputs, const std::vector<int64_t>& siz
                  const std::vector<int>& alias_of, double cost) {
   if (alias_of.size() != sizes.size()) throw std::invalid_argument("alias_of and sizes differ in length");
   if (!(cost >= 0) || !std::isfinite(cost)) throw std::invalid_argument("cost must be finite and >= 0");
-  for (int u : inputs)
+  for (int u : inputs) {
     if (u < 0 || u >= int(tensors_.size())) throw std::invalid_argument("unknown input tensor " + std::to_string(u));
+    if (storages_[tensors_[u].storage].collected)
+      throw std::invalid_argument("input tensor " + std::to_string(u) + " was collected");
+  }
   const int op_id = int(ops_.size());
   Op op;
   op.cost = cost;
@@ -141,7 +144,7 @@ void Core::end_call(int op_id, double cost) {
     c_.base_compute += op.cost;
     return;
   }
-  if (op.inplace_bytes > 0) {
+  if (std::any_of(op.inplace_of.begin(), op.inplace_of.end(), [](int j) { return j >= 0; })) {  // even of 0 bytes
     // In place: the inputs are released first, then each overwritten version
     // hands its references and its bytes over to the new one.
     for (int p : op.inputs) unlock(tensors_[p].storage);
@@ -192,11 +195,26 @@ std::vector<int> Core::call_inplace(const std::vector<int>& inputs, const std::v
   std::vector<int64_t> sizes = sizes_in;
   std::vector<int> alias_of = alias_in, inplace_of(sizes_in.size(), -1), which;
   const int plain = int(sizes_in.size());
+  // Protecting a written constant can pin another written input (one computed
+  // from it): protect until no written storage is newly pinned, then every
+  // pinned one is written as a constant (keeping its buffer).
+  std::vector<char> protected_(mutated.size(), 0);
+  for (bool again = true; again;) {
+    again = false;
+    for (size_t k = 0; k < mutated.size(); ++k) {
+      const int j = mutated[k];
+      if (j < 0 || j >= int(inputs.size())) throw std::invalid_argument("mutated index out of range");
+      const int sid = tensors_.at(inputs[j]).storage;
+      if (storages_[sid].pinned && !protected_[k]) {
+        protect(sid);
+        protected_[k] = 1;
+        again = true;
+      }
+    }
+  }
   for (int j : mutated) {
-    if (j < 0 || j >= int(inputs.size())) throw std::invalid_argument("mutated index out of range");
-    const int sid = tensors_.at(inputs[j]).storage;
+    const int sid = tensors_[inputs[j]].storage;
     if (storages_[sid].pinned) {
-      protect(sid);
       which.push_back(-1);
       continue;
     }
@@ -213,14 +231,61 @@ std::vector<int> Core::call_inplace(const std::vector<int>& inputs, const std::v
   return out;
 }
 
-std::vector<int> Core::collect() {
+// Note [Collection and compaction]
+// The graph only grows as a program runs, so a long run (many training steps
+// in one budget) needs it garbage-collected, in two stages.
+//
+// collect() finds what can never be needed again. A storage is *needed* if
+// it is referenced (and not banished) or locked, or if a needed storage that
+// may be recomputed (not pinned, or with an undefined view) depends on it;
+// everything else is
+// *collected*: never referenced again (a driver only passes referenced
+// tensors as inputs), so never needed again either (collection is
+// monotone). A collected storage is put in one canonical state: freed if it
+// was resident (it only took room), banished, and taken out of its evicted
+// neighbourhood (its node leaves the union-find component, whose value loses
+// its cost, as when a storage is rematerialized). In that state nothing the
+// core does with the storages still in use looks at it: the eqclass and e*
+// neighbourhoods skip banished and node-less storages, protect() and
+// banishing skip banished ones, and no recomputation reads it. An op is
+// collected once it can never run again: every output is on a collected
+// storage or is a defined tensor of a pinned storage (a constant is never
+// recomputed), so a driver may drop its recipe.
+//
+// compact() then drops the collected storages with their tensors, and the
+// collected ops, and renumbers the rest in order. A collected storage is kept
+// while an op that is still kept has an output on it (an op with several
+// outputs, one still needed), and a collected op is kept while one of its
+// outputs is kept (the constant's op: tensors name their op); the kept set is
+// closed over both relations. A kept collected op never runs again, so its
+// inputs that were dropped read -1. Edges to dropped storages are removed.
+// The union-find is rebuilt from the kept evicted storages, one node each:
+// the storages that shared a root share a new root carrying the old root's
+// value, so every component keeps its value (including what storages since
+// dropped or rematerialized contributed) and every later score is what it
+// would have been without compaction; only `storage_accesses` (path lengths)
+// differs. The pool keeps its order. A driver remaps its ids with the maps
+// compact() returns; the runtime compacts once more than half of the core's
+// storages (or ops) were collected since the last compaction, which keeps the tables
+// within a constant factor of what is live, at amortized O(1) per op.
+
+std::pair<std::vector<int>, std::vector<int>> Core::collect() {
   const uint64_t mark = ++stamp_;
+  // A pinned storage is never recomputed, but an undefined view on it (its
+  // storage came back through another op) still is, by rerunning its op.
+  auto may_recompute = [&](const Storage& st) {
+    if (!st.pinned) return true;
+    for (int t : st.tensors)
+      if (!tensors_[t].defined) return true;
+    return false;
+  };
   std::vector<int> stack;
   for (size_t s = 0; s < storages_.size(); ++s) {
     Storage& st = storages_[s];
+    if (st.collected) continue;
     if ((st.refs > 0 && !st.banished) || st.locks > (st.pinned ? 1 : 0)) {
-      st.mark = mark;                        // referenced: kept
-      if (!st.pinned) stack.push_back(int(s));  // and may be recomputed: keeps its dependencies
+      st.mark = mark;                                   // referenced: kept
+      if (may_recompute(st)) stack.push_back(int(s));  // and keeps its dependencies
     }
   }
   while (!stack.empty()) {  // a storage that may be recomputed needs its dependencies
@@ -230,24 +295,173 @@ std::vector<int> Core::collect() {
       Storage& ds = storages_[d];
       if (ds.mark == mark) continue;
       ds.mark = mark;
-      if (!ds.pinned) stack.push_back(d);
+      if (may_recompute(ds)) stack.push_back(d);
     }
   }
-  std::vector<int> out;
+  // Freeing garbage may walk the graph (dirty_frontier), which reuses the stamps.
+  std::vector<char> marked(storages_.size());
+  for (size_t s = 0; s < storages_.size(); ++s) marked[s] = storages_[s].mark == mark;
+  std::pair<std::vector<int>, std::vector<int>> out;
+  for (size_t s = 0; s < storages_.size(); ++s) {
+    const Storage& st = storages_[s];
+    if (st.collected || marked[s] || st.pinned) continue;
+    drop_garbage(int(s));
+    out.second.push_back(int(s));
+  }
   for (size_t o = 0; o < ops_.size(); ++o) {
     Op& op = ops_[o];
     if (op.collected) continue;
     bool needed = false;
-    for (int t : op.outputs) needed = needed || storages_[tensors_[t].storage].mark == mark;
+    for (int t : op.outputs) {
+      const Tensor& x = tensors_[t];
+      const Storage& s = storages_[x.storage];
+      needed = needed || (marked[x.storage] && !(s.pinned && x.defined));
+    }
     if (needed) continue;
     op.collected = true;
-    for (int t : op.outputs) storages_[tensors_[t].storage].collected = true;
-    out.push_back(int(o));
+    out.first.push_back(int(o));
   }
   return out;
 }
 
-void Core::protect(int sid) {
+void Core::drop_garbage(int sid) {
+  Storage& s = storages_[sid];
+  s.collected = true;
+  num_collected_ += 1;
+  s.banish_pending = false;
+  s.evict_on_unlock = false;
+  const bool was_resident = s.resident;
+  if (s.resident) {
+    s.resident = false;
+    c_.memory -= s.size;
+    pool_remove(sid);
+    for (int t : s.tensors) tensors_[t].defined = false;
+    c_.eager_evictions += 1;
+  } else if (s.uf >= 0) {
+    const int r = uf_find(s.uf);
+    uf_[r].value -= s.cost;
+    s.uf = -1;
+    count_uf_nbrs(sid, -1);
+  }
+  s.banished = true;
+  if (cfg_.cost == CostMode::Full) dirty_frontier(sid);
+  if (was_resident && on_evict) on_evict(sid, false);
+}
+
+int Core::uf_root(int n) const {
+  while (uf_[n].parent != n) n = uf_[n].parent;
+  return n;
+}
+
+Core::Remap Core::compact() {
+  const int nops = int(ops_.size()), nts = int(tensors_.size()), nss = int(storages_.size());
+  // The kept set: what is not collected, closed over "a kept storage keeps
+  // the ops with an output on it" and "a kept op keeps its outputs' storages".
+  std::vector<char> keep_o(nops, 0), keep_s(nss, 0);
+  std::vector<int> work;
+  auto keep_storage = [&](int s) {
+    if (keep_s[s]) return;
+    keep_s[s] = 1;
+    work.push_back(s);
+  };
+  auto keep_op = [&](int o) {
+    if (keep_o[o]) return;
+    keep_o[o] = 1;
+    for (int t : ops_[o].outputs) keep_storage(tensors_[t].storage);
+  };
+  for (int s = 0; s < nss; ++s)
+    if (!storages_[s].collected) keep_storage(s);
+  for (int o = 0; o < nops; ++o)
+    if (!ops_[o].collected) keep_op(o);
+  while (!work.empty()) {
+    const int s = work.back();
+    work.pop_back();
+    for (int o : storages_[s].ops) keep_op(o);
+  }
+
+  Remap r;
+  r.ops.assign(nops, -1);
+  r.tensors.assign(nts, -1);
+  r.storages.assign(nss, -1);
+  int n = 0;
+  for (int o = 0; o < nops; ++o)
+    if (keep_o[o]) r.ops[o] = n++;
+  const int new_ops = n;
+  n = 0;
+  for (int s = 0; s < nss; ++s)
+    if (keep_s[s]) r.storages[s] = n++;
+  const int new_storages = n;
+  n = 0;
+  for (int t = 0; t < nts; ++t)
+    if (keep_s[tensors_[t].storage]) r.tensors[t] = n++;
+  const int new_tensors = n;
+
+  std::vector<Op> ops;
+  ops.reserve(new_ops);
+  for (int o = 0; o < nops; ++o) {
+    if (!keep_o[o]) continue;
+    Op op = std::move(ops_[o]);
+    for (int& u : op.inputs) u = u >= 0 ? r.tensors[u] : -1;
+    for (int& t : op.outputs) t = r.tensors[t];
+    ops.push_back(std::move(op));
+  }
+  std::vector<Tensor> tensors;
+  tensors.reserve(new_tensors);
+  for (int t = 0; t < nts; ++t) {
+    if (r.tensors[t] < 0) continue;
+    Tensor x = tensors_[t];
+    x.storage = r.storages[x.storage];
+    x.op = r.ops[x.op];
+    tensors.push_back(x);
+  }
+  // The union-find: one node per kept evicted storage (see the Note).
+  std::vector<UFNode> uf;
+  std::vector<int> new_root(uf_.size(), -1);
+  std::vector<Storage> storages;
+  storages.reserve(new_storages);
+  auto remap_ids = [](std::vector<int>& ids, const std::vector<int>& m) {
+    size_t k = 0;
+    for (int id : ids)
+      if (m[id] >= 0) ids[k++] = m[id];
+    ids.resize(k);
+  };
+  for (int s = 0; s < nss; ++s) {
+    if (!keep_s[s]) continue;
+    Storage st = std::move(storages_[s]);
+    st.root = r.tensors[st.root];
+    remap_ids(st.tensors, r.tensors);
+    remap_ids(st.ops, r.ops);
+    remap_ids(st.deps, r.storages);
+    remap_ids(st.dependents, r.storages);
+    if (st.uf >= 0) {
+      const int root = uf_root(st.uf);
+      const int node = int(uf.size());
+      if (new_root[root] < 0) {
+        new_root[root] = node;
+        uf.push_back(UFNode{node, uf_[root].value});
+      } else {
+        uf.push_back(UFNode{new_root[root], 0.0});
+      }
+      st.uf = node;
+    }
+    storages.push_back(std::move(st));
+  }
+  ops_ = std::move(ops);
+  tensors_ = std::move(tensors);
+  storages_ = std::move(storages);
+  uf_ = std::move(uf);
+  for (int& s : pool_) s = r.storages[s];
+  num_collected_ = 0;
+  for (Storage& st : storages_) {
+    num_collected_ += st.collected;
+    st.uf_nbrs = 0;
+    for (int d : st.deps) st.uf_nbrs += storages_[d].uf >= 0;
+    for (int d : st.dependents) st.uf_nbrs += storages_[d].uf >= 0;
+  }
+  return r;
+}
+
+std::vector<int> Core::protect_targets(int sid) {
   // Walk the storages computed from `sid` (not through constants): every one
   // still referenced must not need `sid`'s old value again.
   std::vector<int> stack(storages_.at(sid).dependents), live;
@@ -261,7 +475,11 @@ void Core::protect(int sid) {
     if (s.refs > 0) live.push_back(d);
     for (int n : s.dependents) stack.push_back(n);
   }
-  for (int d : live) pin(storages_[d].root);
+  return live;
+}
+
+void Core::protect(int sid) {
+  for (int d : protect_targets(sid)) pin(storages_[d].root);
 }
 
 std::vector<int> Core::mutate(const std::vector<int>& inputs, const std::vector<int>& mutated, double cost) {
@@ -280,7 +498,13 @@ std::vector<int> Core::mutate(const std::vector<int>& inputs, const std::vector<
 // ---------------------------------------------------------------------------
 // References and locks
 
+void Core::check_alive_input(int t, const char* what) const {
+  if (storages_[tensors_.at(t).storage].collected)
+    throw std::logic_error(std::string(what) + " of collected tensor " + std::to_string(t));
+}
+
 void Core::retain(int t) {
+  check_alive_input(t, "retain");
   Tensor& x = tensors_.at(t);
   x.refs += 1;
   storages_[x.storage].refs += 1;
@@ -385,6 +609,7 @@ void Core::unlock(int sid) {
 }
 
 void Core::require(int t) {
+  check_alive_input(t, "require");
   if (!tensors_.at(t).defined) materialize(t, /*remat=*/true);
 }
 
@@ -423,6 +648,7 @@ void Core::materialize(int t0, bool remat0, bool stop_before_root) {
   std::vector<Frame> stack;
   auto begin = [&](int t, bool remat) {
     const Op& op = ops_[tensors_[t].op];
+    if (op.collected) throw std::logic_error("recomputing collected op " + std::to_string(tensors_[t].op));
     touch_parents(tensors_[t].op);
     storages_[tensors_[t].storage].wanted += 1;
     Frame f{t, remat, {}, 0, false};
@@ -825,6 +1051,56 @@ void Core::dirty_frontier(int sid) {
 
 void Core::check() const {
   auto fail = [](const std::string& m) { throw std::logic_error("core invariant violated: " + m); };
+  // Ids first (compaction renumbers them): every reference is in range and mirrored.
+  const int nt = int(tensors_.size()), no = int(ops_.size()), ns = int(storages_.size());
+  auto in = [](int id, int n) { return id >= 0 && id < n; };
+  for (int t = 0; t < nt; ++t) {
+    const Tensor& x = tensors_[t];
+    const std::string name = "tensor " + std::to_string(t);
+    if (!in(x.storage, ns) || !in(x.op, no)) fail(name + ": storage or op out of range");
+    const Op& op = ops_[x.op];
+    if (!in(x.index, int(op.outputs.size())) || op.outputs[x.index] != t) fail(name + ": not its op's output");
+    if (!contains(storages_[x.storage].tensors, t)) fail(name + ": missing from its storage's tensors");
+  }
+  for (int o = 0; o < no; ++o) {
+    const Op& op = ops_[o];
+    const std::string name = "op " + std::to_string(o);
+    for (int t : op.outputs)
+      if (!in(t, nt) || tensors_[t].op != o) fail(name + ": output out of range or not its own");
+    for (int u : op.inputs) {
+      if (u == -1 && op.collected) continue;  // dropped by compact()
+      if (!in(u, nt)) fail(name + ": input out of range");
+      if (!op.collected && storages_[tensors_[u].storage].collected) fail(name + ": live op reads a collected storage");
+    }
+    if (op.collected)
+      for (int t : op.outputs) {
+        const Storage& s = storages_[tensors_[t].storage];
+        if (!s.collected && !s.banished && !(s.pinned && tensors_[t].defined))
+          fail(name + ": collected, but its output " + std::to_string(t) + " may be recomputed");
+      }
+  }
+  int collected = 0, pooled = 0;
+  for (int sid = 0; sid < ns; ++sid) {
+    const Storage& s = storages_[sid];
+    const std::string name = "storage " + std::to_string(sid);
+    if (!in(s.root, nt) || tensors_[s.root].storage != sid) fail(name + ": root out of range or elsewhere");
+    for (int o : s.ops)
+      if (!in(o, no)) fail(name + ": op out of range");
+    for (int t : s.tensors)
+      if (!in(t, nt)) fail(name + ": tensor out of range");
+    for (int d : s.deps)
+      if (!in(d, ns) || d == sid) fail(name + ": dependency out of range");
+    for (int d : s.dependents)
+      if (!in(d, ns) || d == sid || !contains(storages_[d].deps, sid)) fail(name + ": dependent edge not mirrored");
+    if (s.uf >= int(uf_.size())) fail(name + ": eqclass node out of range");
+    if (s.collected) {
+      collected += 1;
+      if (s.resident || !s.banished || s.uf >= 0) fail(name + ": collected but not freed, banished and node-less");
+    }
+    pooled += s.pool_pos >= 0;
+  }
+  if (collected != num_collected_) fail("count of collected storages is stale");
+  if (pooled != int(pool_.size())) fail("pool holds storages that do not know it");
   int64_t mem = 0;
   for (size_t sid = 0; sid < storages_.size(); ++sid) {
     const Storage& s = storages_[sid];

@@ -17,7 +17,9 @@
 //  * a storage is in the pool iff it is resident, unlocked and not pinned;
 //  * a defined tensor's storage is resident;
 //  * a storage with an eviction component node is evicted, and vice versa;
-//  * refs(S) == sum of refs of its tensors.
+//  * refs(S) == sum of refs of its tensors;
+//  * a collected storage is evicted, banished and has no eqclass node; a
+//    collected op is never computed again (see Note [Collection and compaction]).
 #pragma once
 
 #include <cstdint>
@@ -26,6 +28,7 @@
 #include <random>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace dtr {
@@ -108,7 +111,8 @@ class Core {
   // An op with ordinary outputs that also writes inputs[j] in place for j in
   // `mutated` (e.g. batch norm updating running statistics). Returns the
   // ordinary outputs followed by one new version per written input (-1 for a
-  // constant, which is protect()ed and keeps its storage).
+  // constant, which is protect()ed and keeps its storage; so is a written input
+  // that protecting another one pinned).
   std::vector<int> call_inplace(const std::vector<int>& inputs, const std::vector<int64_t>& sizes,
                                 const std::vector<int>& alias_of, const std::vector<int>& mutated, double cost);
 
@@ -126,12 +130,30 @@ class Core {
   // Before a constant is overwritten in place: every live storage whose
   // recomputation would read its old value is brought back and pinned.
   void protect(int storage);
-  // Garbage collection of the graph: the ops none of whose output storages
-  // can be needed again (not referenced, and not needed to recompute anything
-  // that is referenced, except through constants). Each op is returned once;
-  // the core's decisions are unaffected (a driver drops its recipes).
-  // O(storages + edges).
-  std::vector<int> collect();
+  // The storages protect(storage) would pin now: referenced, not pinned, and
+  // computed from `storage` through storages that are not constants.
+  std::vector<int> protect_targets(int storage);
+  // Garbage collection of the graph (see Note [Collection and compaction]).
+  // A storage that can never be needed again (not referenced, not pinned, and
+  // not needed to recompute anything that is referenced, except through
+  // constants) is *collected*: freed if resident (counted as an eager
+  // eviction), banished and taken out of its evicted neighbourhood. An op is
+  // collected once it can never run again: each of its outputs is on a
+  // collected storage or a defined tensor of a pinned one. Returns the ops and
+  // the storages collected by this call (each is returned once); a driver
+  // drops its recipes of those ops and its buffers of those storages.
+  // Collected tensors must not be used again (as inputs, retained, required).
+  // O(storages + ops + edges).
+  std::pair<std::vector<int>, std::vector<int>> collect();
+  // Drops what collect() made unreachable and renumbers the rest, keeping
+  // the relative order of ids. Returns the old -> new id maps of ops,
+  // tensors and storages (-1: dropped). The core's later decisions are those
+  // it would have taken without compaction. Call it between calls only.
+  // O(ops + tensors + storages + edges).
+  struct Remap {
+    std::vector<int> ops, tensors, storages;
+  };
+  Remap compact();
 
   // --- references, locks -----------------------------------------------------
   void retain(int t);
@@ -153,6 +175,11 @@ class Core {
   int num_tensors() const { return int(tensors_.size()); }
   int num_storages() const { return int(storages_.size()); }
   int num_ops() const { return int(ops_.size()); }
+  // Storages in the tables that collect() has collected (compact() drops them).
+  int num_collected_storages() const { return num_collected_; }
+  bool collected(int s) const { return storages_.at(s).collected; }
+  bool op_collected(int op) const { return ops_.at(op).collected; }
+  const std::vector<int>& storage_tensors(int s) const { return storages_.at(s).tensors; }
   int storage_of(int t) const { return tensors_.at(t).storage; }
   int op_of(int t) const { return tensors_.at(t).op; }
   bool defined(int t) const { return tensors_.at(t).defined; }
@@ -188,6 +215,7 @@ class Core {
   std::function<void(int)> on_pin;
 
   // --- graph queries (drivers, schedule export) -------------------------------
+  // After compact(), an input of a collected op that was dropped reads -1.
   const std::vector<int>& op_inputs(int op) const { return ops_.at(op).inputs; }
   const std::vector<int>& op_outputs(int op) const { return ops_.at(op).outputs; }
   const std::vector<int64_t>& op_sizes(int op) const { return ops_.at(op).sizes; }
@@ -247,6 +275,7 @@ class Core {
   std::vector<int> pool_;
   uint64_t next_seq_ = 0;
   std::vector<UFNode> uf_;
+  int num_collected_ = 0;       // storages with `collected` set
   uint64_t stamp_ = 0;
   std::mt19937_64 rng_;
 
@@ -259,6 +288,9 @@ class Core {
   int choose();
   void evict(int s, bool by_heuristic);
   void banish(int s);
+  void drop_garbage(int s);
+  int uf_root(int n) const;     // uf_find without path compression or counting
+  void check_alive_input(int t, const char* what) const;
   void try_banish(int s);
   void pool_add(int s);
   void pool_remove(int s);

@@ -281,11 +281,12 @@ class V1Reader {
         {"meta", &V1Reader::meta},         {"constant", &V1Reader::constant}, {"call", &V1Reader::call},
         {"mutate", &V1Reader::mutate},     {"copy", &V1Reader::copy},         {"copyfrom", &V1Reader::copyfrom},
         {"release", &V1Reader::release},   {"pin", &V1Reader::pin},
-        {"protect", &V1Reader::protect},
+        {"protect", &V1Reader::protect},   {"collect", &V1Reader::collect},
     };
     auto it = table.find(op);
     if (it == table.end())
-      r_.error("unknown op '" + op + "' (valid: meta, constant, call, mutate, copy, copyfrom, release, pin, protect)");
+      r_.error("unknown op '" + op +
+               "' (valid: meta, constant, call, mutate, copy, copyfrom, release, pin, protect, collect)");
     (this->*(it->second))(o);
     seen_instr_ = seen_instr_ || op != "meta";
   }
@@ -374,6 +375,7 @@ class V1Reader {
   void copy(const JValue& o) { r_.handle_op(InstrKind::Copy, o, "src", "dst"); }
   void pin(const JValue& o) { one_id(InstrKind::Pin, o); }
   void protect(const JValue& o) { one_id(InstrKind::Protect, o); }
+  void collect(const JValue&) { r_.emit(Instr{InstrKind::Collect}); }
   void one_id(InstrKind kind, const JValue& o) {
     Instr ins{kind};
     ins.in.push_back(r_.use(r_.str_field(o, "id")));

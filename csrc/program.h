@@ -22,6 +22,7 @@ enum class InstrKind : uint8_t {
   Release = 5,   // handle in[0] dies
   Pin = 6,       // handle in[0]'s tensor becomes a constant (brought back if needed, never evicted)
   Protect = 7,   // handle in[0] (a constant) is about to go: pin what still needs its value
+  Collect = 8,   // graph GC (Core::collect): storages nothing can need again are freed
 };
 
 struct Instr {

@@ -64,11 +64,12 @@ struct Replayer {
   }
   void pin(const Instr& i) { core.pin(tensor_of[i.in[0]]); }
   void protect(const Instr& i) { core.protect(core.storage_of(tensor_of[i.in[0]])); }
+  void collect(const Instr&) { core.collect(); }  // the runtime's graph GC: it frees storages
   void run(const Instr& i) {
     using Handler = void (Replayer::*)(const Instr&);
     static constexpr Handler table[] = {&Replayer::constant, &Replayer::call,     &Replayer::mutate,
                                         &Replayer::copy,     &Replayer::copyfrom, &Replayer::release,
-                                        &Replayer::pin,      &Replayer::protect};
+                                        &Replayer::pin,      &Replayer::protect,  &Replayer::collect};
     (this->*table[static_cast<int>(i.kind)])(i);
   }
   // simrd's output condition: every tensor still referenced is wanted.

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from contextlib import contextmanager
-from typing import Callable, Iterator, List, Optional, Sequence
+from typing import Callable, Iterator, List, Optional, Sequence, Tuple
 
 from dtr import _C
 from dtr.errors import OutOfBudgetError, ThrashingError
@@ -103,6 +103,14 @@ class Core:
         with _translated():
             return self._core.mutate(list(inputs), list(mutated), float(cost))
 
+    def mutate_inplace(self, inputs: Sequence[int], mutated: Sequence[int], cost: float) -> List[int]:
+        """True in-place op on ``inputs[j]`` for j in ``mutated``: new versions take over the buffers.
+
+        Returns the new versions (-1 for a constant, which keeps its tensor).
+        """
+        with _translated():
+            return self._core.mutate_inplace(list(inputs), list(mutated), float(cost))
+
     def require(self, t: int) -> None:
         """Rematerialize tensor ``t`` if it is evicted."""
         with _translated():
@@ -138,19 +146,48 @@ class Core:
         with _translated():
             self._core.protect(storage)
 
+    def protect_targets(self, storage: int) -> List[int]:
+        """The storages :meth:`protect` would pin now (referenced, computed from ``storage``)."""
+        return self._core.protect_targets(storage)
+
     def call_inplace(self, inputs: Sequence[int], sizes: Sequence[int], alias_of: Sequence[int],
                      mutated: Sequence[int], cost: float) -> List[int]:
         """An op with outputs that also writes ``inputs[j]`` in place (j in ``mutated``)."""
         with _translated():
             return self._core.call_inplace(list(inputs), list(sizes), list(alias_of), list(mutated), float(cost))
 
+    def collect(self) -> Tuple[List[int], List[int]]:
+        """Garbage-collect the graph: ``(ops, storages)`` collected by this call.
+
+        A collected storage can never be needed again (it is freed if it was
+        resident); a collected op never runs again (its recipe can go). Each id
+        is returned once. Collected tensors must not be used again.
+        """
+        ops, storages = self._core.collect()
+        return ops, storages
+
+    def compact(self) -> Tuple[List[int], List[int], List[int]]:
+        """Drop what :meth:`collect` made unreachable and renumber the rest (in order).
+
+        Returns the old -> new id maps ``(ops, tensors, storages)``, -1 for a
+        dropped id; every id a driver holds must go through them. Later
+        decisions are unchanged. Only between calls.
+        """
+        ops, tensors, storages = self._core.compact()
+        return ops, tensors, storages
+
     def retain(self, t: int) -> None:
         """One more reference to ``t``."""
         self._core.retain(t)
 
     def release(self, t: int) -> None:
-        """One reference to ``t`` fewer; a storage with none left is freed."""
-        self._core.release(t)
+        """One reference to ``t`` fewer; a storage with none left is freed.
+
+        Freeing a dead constant (``free_dead_constants``) first protects what
+        still needs it, which may compute.
+        """
+        with _translated():
+            self._core.release(t)
 
     def check(self) -> None:
         """Check every invariant of the core; raises RuntimeError naming the first violated."""

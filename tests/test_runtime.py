@@ -261,3 +261,27 @@ def test_dropped_constant_protects_a_value_computed_from_it():
         keep[0] + 1
     assert b.stats["evictions"] > 0
     assert torch.equal(e, ref)
+
+
+def test_a_constant_write_does_not_bring_back_what_the_program_dropped():
+    """Writing a constant protects what still needs its old value, not what the program dropped.
+
+    The program's drop is seen at the next poll only; until then the core still
+    counts a reference. An evicted tensor dropped in between must not be
+    recomputed and pinned (held by dtr for good): see Note [Dropped buffers].
+    """
+    w = torch.randn(256, 256)
+    n = w.untyped_storage().nbytes()
+    ref = w * 3
+    with torch.no_grad():
+        with dtr.budget(n * 5 // 2, cost_model="flops") as b:
+            h = w * 2      # computed from w
+            k = w * 3      # no room for both: h is evicted
+            assert b.stats["evictions"] == 1
+            del h          # not polled yet
+            w.add_(1)      # protects what needs the old w: k (resident) is pinned; h must not come back
+            assert b.stats["remats"] == 0
+            assert b.stats["memory_bytes"] <= 2 * n + n // 2
+            b._mode.poll()
+            assert len(b._mode.alive) == 2  # w and k
+    assert torch.equal(k, ref)

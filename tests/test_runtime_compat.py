@@ -22,6 +22,7 @@ import torch.nn.functional as F  # noqa: E402
 from torch.utils._python_dispatch import _disable_current_modes, _get_current_dispatch_mode  # noqa: E402
 
 import dtr  # noqa: E402
+from dtr.sim import replay  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(__file__))
 from runtime_zoo_small import (RandomOpsNet, assert_same_grads, budget_at, constant_bytes, mlp,  # noqa: E402
@@ -202,7 +203,8 @@ def test_compiled_function_inside_the_budget():
     compiled_loss = compiled(copy.deepcopy(model))  # compiled (and warmed up) outside the block
     eager = copy.deepcopy(model)
     eager_loss = step(eager)
-    limit = budget_at(constant_bytes(model, x, y), peak_of(lambda: step(copy.deepcopy(model))), 0.5)
+    # 70%: a 3-layer MLP's backward needs about 51% of its activation peak at once (the compiled one more).
+    limit = budget_at(constant_bytes(model, x, y), peak_of(lambda: step(copy.deepcopy(model))), 0.7)
     with dtr.budget(limit, cost_model="flops") as b:
         loss = compiled(model)
     torch.testing.assert_close(loss, compiled_loss)
@@ -238,8 +240,12 @@ def train_one(model, opt, data, step):
 
 
 def step_limit(model, data):
-    """Half of one step's activations, on top of constants, grads and momentum buffers."""
-    x, y = data[0]
+    """Half of one step's activations, on top of constants, grads and momentum buffers.
+
+    The constants counted are the parameters and every batch, of which a block
+    around one step tracks only its own: one block around all steps has less
+    room for activations at the same limit.
+    """
     const = constant_bytes(model, *[t for xy in data for t in xy])
     m = copy.deepcopy(model)
     opt = torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9)
@@ -248,10 +254,19 @@ def step_limit(model, data):
     return budget_at(const + 2 * grads, peak_of(lambda: train_one(m, opt, data, 1)), 0.5)
 
 
+def block_limit(model, data):
+    """step_limit plus the batches a block around all steps holds besides its own.
+
+    One block tracks every batch it has seen as a constant (three more than a
+    block per step sees); with their bytes it gets the same room for activations.
+    """
+    return step_limit(model, data) + constant_bytes(None, *[t for xy in data[1:] for t in xy])
+
+
 @pytest.mark.parametrize("one_with", [True, False], ids=["one-with-around-all", "one-with-per-step"])
 def test_fifty_steps_exact_and_bounded_memory(one_with):
     model, opt, data = make_training()
-    limit = step_limit(model, data)
+    limit = block_limit(model, data) if one_with else step_limit(model, data)
     losses, params, memory, budgets = [], [], [], []
 
     def record(loss):
@@ -264,7 +279,8 @@ def test_fifty_steps_exact_and_bounded_memory(one_with):
             for step in range(STEPS):
                 loss = train_one(model, opt, data, step)
                 record(loss)
-                b._mode.poll()  # liveness as of the end of the step
+                b._mode.poll()     # liveness as of the end of the step
+                b._mode.collect()  # and the graph GC: storages nothing can need again are freed
                 memory.append(b.stats["memory_bytes"])
         budgets.append(b)
     else:
@@ -288,26 +304,53 @@ def test_fifty_steps_exact_and_bounded_memory(one_with):
     assert memory[STEPS - 1] <= memory[4] + slack, (memory[4], memory[STEPS - 1])
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "metadata is not bounded in one `with` over 50 steps: the graph GC (collect) leaves live recipes growing "
-    "30 -> 121 from step 5 to step 50, dtr's buffer table 36 -> 110, and the core's storages 234 -> 2124"))
-def test_fifty_steps_in_one_with_keep_metadata_bounded():
-    """Recipes, buffers and core storages must not grow linearly with the steps of one block."""
+def test_one_block_over_steps_replays_to_the_same_decisions(tmp_path):
+    """The graph GC frees what nothing can need again, so the log records it: a replay decides the same."""
     model, opt, data = make_training()
-    limit = step_limit(model, data) + 200_000  # room enough not to run out (see ONE_WITH_OOB): metadata only
-    sizes = {}
+    limit = block_limit(model, data)
+    path = tmp_path / "steps.jsonl"
+    with dtr.budget(limit, cost_model="flops", log=path) as b:
+        for step in range(12):
+            train_one(model, opt, data, step)
+    assert '"collect"' in path.read_text()  # the GC ran (12 steps are over 1,200 ops)
+    r = replay(path, "eqclass", limit, thrash_limit=float("inf"))
+    assert r.status == "ok"
+    assert (r.evictions, r.remats, r.peak_bytes) == (b.stats["evictions"], b.stats["remats"], b.stats["peak_bytes"])
+    assert r.evictions > 0
+
+
+def table_sizes(mode):
+    return dict(recipes=len(mode.recipes), phys=len(mode.phys), alive=len(mode.alive),
+                storages=mode.core.num_storages, tensors=mode.core.num_tensors, ops=mode.core.num_ops)
+
+
+def test_fifty_steps_in_one_with_keep_metadata_bounded():
+    """Recipes, buffers, live tensors and the core's tables must not grow with the steps of one block.
+
+    Measured twice: right after a graph GC at the end of step 5 and step 50
+    (what dtr retains: 45 more steps may add next to nothing; a leak of one
+    entry per step adds 45), and as the run leaves them at each step's end
+    (the GC runs every few hundred ops, so there they swing with its phase:
+    the largest of the last ten steps must stay below twice that of the first ten).
+    """
+    model, opt, data = make_training()
+    limit = block_limit(model, data)
+    retained, lagging = {}, []
     with dtr.budget(limit, cost_model="flops") as b:
         for step in range(STEPS):
             train_one(model, opt, data, step)
+            mode = b._mode
+            mode.poll()
+            lagging.append(table_sizes(mode))
             if step + 1 in (5, STEPS):
-                mode = b._mode
-                mode.poll()
-                sizes[step + 1] = dict(recipes=len(mode.recipes), phys=len(mode.phys), alive=len(mode.alive),
-                                       storages=mode.core.num_storages)
-    early, late = sizes[5], sizes[STEPS]
-    assert late["recipes"] < 2 * early["recipes"], sizes
-    assert late["phys"] < 2 * early["phys"], sizes
-    assert late["alive"] < 2 * early["alive"], sizes
+                mode.collect()
+                retained[step + 1] = table_sizes(mode)
+    early, late = retained[5], retained[STEPS]
+    for k in early:
+        assert late[k] <= early[k] + 5, (k, retained)
+    for k in early:
+        first, last = max(x[k] for x in lagging[:10]), max(x[k] for x in lagging[-10:])
+        assert last < 2 * first, (k, first, last)
 
 
 # ------------------------------------------------------------ escaped memory
@@ -369,7 +412,8 @@ def test_mode_is_gone_after_the_block_and_tensors_are_usable():
         train_step(m, x, y)  # pressure: the held tensors get evicted
         return hidden
 
-    limit = budget_at(constant_bytes(model, x, y), peak_of(lambda: body(copy.deepcopy(model))), 0.5)
+    # 70%: the four held tensors must all be resident at the end (the output condition).
+    limit = budget_at(constant_bytes(model, x, y), peak_of(lambda: body(copy.deepcopy(model))), 0.7)
     with dtr.budget(limit, cost_model="flops") as b:
         assert _get_current_dispatch_mode() is not None
         hidden = body(model)

@@ -74,6 +74,35 @@ _GC_MIN_OPS = 256
 # it. A storage that was already gone when it was released is "forgotten"
 # (marked evicted) so that it is recomputed rather than read.
 
+# Note [Dropped buffers]
+# The core learns that the program dropped a storage only at the next poll;
+# until then it still counts a reference. Anything that brings such a storage
+# back in between (protect() pinning what still needs a constant's old value,
+# a recomputation) fills a buffer of dtr's own. Two things keep that from
+# living for ever: before a write to a constant, what protect() would pin is
+# checked (only that: a full poll per parameter update would cost O(live) each)
+# and released if dropped, so that protect() pins (and recomputes, with its
+# whole forward chain) only what the program still holds; and a buffer dtr
+# allocates in place of a dropped program storage reports itself dead, so the
+# next poll releases it (a pinned one as a dead constant). It is also no longer
+# mistaken for the live version of a new storage that reuses its address.
+# Without this, the seed gradient (ones_like(loss)) of each backward was
+# recomputed and pinned by the optimizer's first parameter update, then held
+# by dtr: one more recipe, buffer and live tensor every step (and its forward
+# chain recomputed to compute it).
+
+# Note [Compaction]
+# Graph GC (collect, every few hundred ops) drops the recipes of ops the core
+# will never run again and the buffers of storages it will never need again;
+# the core marks them collected (Note [Collection and compaction] in
+# csrc/core.cpp). Once more than half of the core's storages were collected
+# since the last compaction, the core drops them from its tables and
+# renumbers what is left; every core id held here (recipes and their slots,
+# buffers, handles, versions, liveness) goes through the maps it returns.
+# Each compaction costs time linear in the tables, which are then at most
+# about twice what is live: amortized O(1) per op, and the metadata of one
+# block over many training steps stays bounded.
+
 # Note [Version chains]
 # Each in-place write makes a new version computed from the old one, so a
 # buffer written every step (optimizer state, accumulated gradients) would keep
@@ -90,15 +119,18 @@ class _Buf:
     The program's activations are held weakly (freed when the program drops
     them). Constants are held strongly, so that when the program drops one,
     whatever still needs its value can be protected before it goes; they are
-    dead once dtr's is the only reference (``shared`` set).
+    dead once dtr's is the only reference (``shared`` set). A buffer dtr
+    allocates to bring back a version whose program storage is gone
+    (``dropped`` set) is dead from the start: see Note [Dropped buffers].
     """
 
-    __slots__ = ("weak", "strong", "shared")
+    __slots__ = ("weak", "strong", "shared", "dropped")
 
-    def __init__(self, storage: torch.UntypedStorage, owned: bool, shared: bool = False):
+    def __init__(self, storage: torch.UntypedStorage, owned: bool, shared: bool = False, dropped: bool = False):
         self.strong = storage if owned else None
         self.weak = None if owned else StorageWeakRef(storage)
         self.shared = shared
+        self.dropped = dropped
 
     def get(self) -> Optional[torch.UntypedStorage]:
         if self.strong is not None:
@@ -109,7 +141,7 @@ class _Buf:
 
     def dead(self) -> bool:
         if self.strong is not None:
-            return self.shared and _use_count(self.strong._cdata) <= 1
+            return self.dropped or (self.shared and _use_count(self.strong._cdata) <= 1)
         return self.weak.expired()
 
 
@@ -209,6 +241,8 @@ class DTRMode(TorchDispatchMode):
         self.versions: Dict[int, int] = {}          # core tensor -> in-place versions behind it
         self._ops_at_gc = 0
         self._live_after_gc = 0
+        self._collected_after_compact = 0   # collected storages the core kept at the last compaction
+        self._collected_ops = 0             # ops collected since the last compaction
         self._next_handle = 0
         core.set_hooks(on_evict=self._on_evict, on_compute=self._on_compute, on_pin=self._on_pin)
 
@@ -271,6 +305,18 @@ class DTRMode(TorchDispatchMode):
         for h in constants:
             self._release(h)
 
+    def _release_dropped_targets(self, s: int) -> None:
+        """Before protect(s): release what it would pin that the program dropped since the last poll."""
+        core, phys, handle, alive = self.core, self.phys, self.handle, self.alive
+        for d in core.protect_targets(s):
+            buf = phys.get(d)
+            if buf is None or not buf.dead():
+                continue
+            for t in core.storage_tensors(d):
+                h = handle.get(t)
+                if h is not None and alive.get(h) == t:
+                    self._release(h)
+
     def _release(self, h: str) -> None:
         t = self.alive.pop(h)
         key = self.key.pop(t, None)
@@ -328,9 +374,9 @@ class DTRMode(TorchDispatchMode):
         s = self.core.storage_of(t)
         n = self.core.storage_size(s)
         st = self.phys[s].get()
-        if st is None:
+        if st is None:  # the program dropped it (see Note [Dropped buffers])
             st = torch.UntypedStorage(n, device=self.device)
-            self.phys[s] = _Buf(st, owned=True)
+            self.phys[s] = _Buf(st, owned=True, dropped=True)
         elif st.nbytes() != n:
             st.resize_(n)
         return st
@@ -415,6 +461,7 @@ class DTRMode(TorchDispatchMode):
 
         # The core brings the inputs back, locks them and makes room; then the op runs.
         for _, t in const_writes:
+            self._release_dropped_targets(core.storage_of(t))  # see Note [Dropped buffers]
             core.protect(core.storage_of(t))
         inplace_of = [-1] * len(sizes) + [ins.index(t) for _, t in plain_writes]
         all_sizes = sizes + [core.storage_size(core.storage_of(t)) for _, t in plain_writes]
@@ -573,22 +620,52 @@ class DTRMode(TorchDispatchMode):
                 self.core.require(t)
 
     def collect(self) -> None:
-        """Drop the recipes and buffers of ops the core will never recompute (graph GC)."""
+        """Drop the recipes of ops the core will never run again and the buffers of storages it
+        will never need again (graph GC); compact the core's tables when they are mostly garbage."""
         self._ops_at_gc = self.ops_seen
         core = self.core
-        for op in core.collect():
-            r = self.recipes.pop(op, None)
-            if r is None:
-                continue
-            dropped = [slot.tensor for _, slot in r.outputs] + [new for _, _, new in r.writes if new >= 0]
-            for t in dropped:
-                self.phys.pop(core.storage_of(t), None)
+        if self.recorder is not None:  # it frees storages: a replay must do the same
+            self.recorder.collect()
+        ops, storages = core.collect()
+        self._collected_ops += len(ops)
+        for op in ops:
+            self.recipes.pop(op, None)
+        for s in storages:
+            self.phys.pop(s, None)
+            for t in core.storage_tensors(s):
                 self.handle.pop(t, None)
                 self.versions.pop(t, None)
                 key = self.key.pop(t, None)
                 if key is not None and self.version.get(key) == t:
                     del self.version[key]
         self._live_after_gc = len(self.recipes)
+        if 2 * (core.num_collected_storages - self._collected_after_compact) > core.num_storages or \
+                2 * self._collected_ops > core.num_ops:
+            self.compact()
+
+    def compact(self) -> None:
+        """Compact the core's tables and renumber every core id dtr holds (see Note [Compaction])."""
+        ops, tensors, storages = self.core.compact()
+
+        def slot(x: Any) -> Any:
+            return x._replace(tensor=tensors[x.tensor]) if isinstance(x, Slot) else x
+
+        recipes = {}
+        for op, r in self.recipes.items():
+            # A recipe's op can still run, so its inputs and outputs are all kept.
+            recipes[ops[op]] = r._replace(leaves=[slot(x) for x in r.leaves],
+                                          outputs=[(pos, slot(x)) for pos, x in r.outputs],
+                                          writes=[(pos, tensors[old], new if new < 0 else tensors[new])
+                                                  for pos, old, new in r.writes])
+        self.recipes = recipes
+        self.phys = {storages[s]: b for s, b in self.phys.items() if storages[s] >= 0}
+        self.handle = {tensors[t]: h for t, h in self.handle.items() if tensors[t] >= 0}
+        self.key = {tensors[t]: k for t, k in self.key.items() if tensors[t] >= 0}
+        self.versions = {tensors[t]: n for t, n in self.versions.items() if tensors[t] >= 0}
+        self.version = {k: tensors[t] for k, t in self.version.items() if tensors[t] >= 0}
+        self.alive = {h: tensors[t] for h, t in self.alive.items()}  # referenced: always kept
+        self._collected_after_compact = self.core.num_collected_storages
+        self._collected_ops = 0
 
     # ------------------------------------------------------------------ closing
     def finish(self) -> None:

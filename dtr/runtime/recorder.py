@@ -58,6 +58,10 @@ class LogRecorder:
         """A dropped constant is about to be freed (an extension of v1)."""
         self._write({"op": "protect", "id": handle})
 
+    def collect(self) -> None:
+        """The graph GC ran: storages nothing can need again were freed (an extension of v1)."""
+        self._write({"op": "collect"})
+
     def release(self, handle: str) -> None:
         self._write({"op": "release", "id": handle})
 

@@ -19,7 +19,7 @@ from dtr.errors import LogFormatError
 
 __all__ = ["Log", "Record", "read_log", "read_bytes", "parse_text", "KINDS"]
 
-KINDS = ("constant", "call", "mutate", "copy", "copyfrom", "release", "pin", "protect")
+KINDS = ("constant", "call", "mutate", "copy", "copyfrom", "release", "pin", "protect", "collect")
 
 
 class Record(NamedTuple):
