@@ -304,7 +304,14 @@ std::pair<std::vector<int>, std::vector<int>> Core::collect() {
   std::pair<std::vector<int>, std::vector<int>> out;
   for (size_t s = 0; s < storages_.size(); ++s) {
     const Storage& st = storages_[s];
-    if (st.collected || marked[s] || st.pinned) continue;
+    if (st.collected || marked[s]) continue;
+    if (st.pinned) {
+      // A dropped constant of no bytes stays pinned while anything may need it
+      // (see release()); once nothing can, it is garbage like any other.
+      if (st.size != 0 || st.refs > 0 || st.locks != 1) continue;
+      storages_[s].pinned = false;
+      storages_[s].locks = 0;
+    }
     drop_garbage(int(s));
     out.second.push_back(int(s));
   }
@@ -463,8 +470,13 @@ Core::Remap Core::compact() {
 
 std::vector<int> Core::protect_targets(int sid) {
   // Walk the storages computed from `sid` (not through constants): every one
-  // still referenced must not need `sid`'s old value again.
-  std::vector<int> stack(storages_.at(sid).dependents), live;
+  // still referenced must not need `sid`'s old value again. A storage of no
+  // bytes loses no value when it goes (and is never freed: see release()):
+  // pinning what was computed from it pinned, in Hugging Face's GPT-2, every
+  // activation downstream of its KV cache, which starts as an empty tensor.
+  std::vector<int> live;
+  if (storages_.at(sid).size == 0) return live;
+  std::vector<int> stack(storages_[sid].dependents);
   const uint64_t mark = ++stamp_;
   while (!stack.empty()) {
     int d = stack.back();
@@ -518,9 +530,9 @@ void Core::release(int t) {
   Storage& s = storages_[sid];
   s.refs -= 1;
   if (s.refs > 0) return;
-  if (s.pinned && cfg_.free_dead_constants) {
+  if (s.pinned && cfg_.free_dead_constants && s.size > 0) {
     // The program dropped a constant (e.g. an old gradient): keep what still
-    // needs its value, then free it for good.
+    // needs its value, then free it for good. (One of no bytes just stays.)
     protect(sid);
     Storage& c = storages_[sid];
     if (c.locks == 1 && c.refs == 0) {

@@ -173,3 +173,24 @@ def test_keep_needed_frees_when_the_evicted_dependent_is_released():
     c.release(a)  # nothing evicted and referenced needs x any more
     c.check()
     assert not c.resident(c.storage_of(x)) and c.counters["memory"] == 15
+
+
+def test_dropping_an_empty_constant_pins_nothing():
+    # c (constant, 8 bytes) -> a (live) -> b (live); c -> t (dropped) -> u (live);
+    # e (constant, 0 bytes) -> v (live). Dropping c pins every live storage
+    # computed from it (a, b, u), then frees it. Dropping e loses no value: it
+    # stays (0 bytes) and v can still be recomputed from it.
+    c = Core("lru", free_dead_constants=True)
+    w = c.constant(8)
+    (a,) = c.call([w], [10], [-1], 1.0)
+    (b,) = c.call([a], [10], [-1], 1.0)
+    (t,) = c.call([w], [10], [-1], 1.0)
+    (u,) = c.call([t], [10], [-1], 1.0)
+    c.release(t)
+    e = c.constant(0)
+    (v,) = c.call([e], [10], [-1], 1.0)
+    c.release(e)
+    c.release(w)
+    c.check()
+    assert {x for x in (a, b, u, v) if c.pinned(c.storage_of(x))} == {a, b, u}
+    assert not c.resident(c.storage_of(w)) and c.resident(c.storage_of(e))

@@ -149,11 +149,6 @@ def test_retain_graph_with_two_backward_calls():
 # -------------------------------------------------------- Hugging Face
 
 
-@pytest.mark.xfail(strict=True, raises=dtr.OutOfBudgetError, reason=(
-    "KNOWN FAILURE (issue #3): at 50% the step needs about 3% more than the budget once dropped constants "
-    "(old gradients, inputs) protect what still needs them: the pinned storages leave too little to evict. "
-    "(An earlier crash here, a recomputation reading a storage the program had dropped, is fixed and has "
-    "a regression test in tests/test_runtime.py.)"))
 def test_huggingface_gpt2_training_step_at_half_the_peak():
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
