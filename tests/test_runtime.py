@@ -285,3 +285,20 @@ def test_a_constant_write_does_not_bring_back_what_the_program_dropped():
             b._mode.poll()
             assert len(b._mode.alive) == 2  # w and k
     assert torch.equal(k, ref)
+
+
+def test_flops_cost_model_uses_torch_flop_formulas():
+    # Matrix products and convolutions are costed by torch's flop formulas, not by
+    # the elements they touch (a call with the wrong keyword once made every
+    # formula fail silently and fall back to counting elements).
+    from dtr.runtime.costs import FlopModel
+    model = FlopModel()
+    a, b = torch.randn(64, 32), torch.randn(32, 16)
+    mm = torch.ops.aten.mm.default
+    assert model.estimate(mm, (a, b), {}, [mm(a, b)]) == 2 * 64 * 32 * 16
+    x, w = torch.randn(8, 3, 32, 32), torch.randn(24, 3, 3, 3)
+    conv = torch.ops.aten.convolution.default
+    args = (x, w, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1)
+    assert model.estimate(conv, args, {}, [conv(*args)]) == 2 * 8 * 24 * 32 * 32 * 27
+    relu = torch.ops.aten.relu.default  # no formula: elements read and written
+    assert model.estimate(relu, (x,), {}, [relu(x)]) == 2 * x.numel()

@@ -53,12 +53,11 @@ class FlopModel(CostModel):
             key = (func, shapes, tuple(tuple(o.shape) for o in outs))
             cost = self._cache.get(key)
             if cost is None:
-                def shape_of(x):
-                    return x.shape if isinstance(x, torch.Tensor) else x
                 try:
-                    out_shape = [o.shape for o in outs] if len(outs) != 1 else outs[0].shape
-                    cost = float(formula(*[shape_of(a) for a in args],
-                                         **{k: shape_of(v) for k, v in kwargs.items()}, out_shape=out_shape))
+                    # The registry's formulas are wrapped by torch's shape_wrapper: they take the
+                    # op's real arguments and its result as ``out_val`` (as FlopCounterMode calls them).
+                    out_val = tuple(outs) if len(outs) != 1 else outs[0]
+                    cost = float(formula(*args, **kwargs, out_val=out_val))
                 except Exception:  # a formula that does not fit this overload: count elements
                     cost = None
                 if cost is None:
