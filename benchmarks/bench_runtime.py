@@ -235,7 +235,7 @@ def worker(spec: dict) -> dict:
             loss = loss_fn(model, *inputs, checkpoint=(variant == "ckpt"))
             loss.backward()
         else:
-            with dtr.budget(limit, cost_model="time") as b:
+            with dtr.budget(limit, cost_model="time", heuristic=spec.get("heuristic", "eqclass")) as b:
                 loss = loss_fn(model, *inputs)
                 loss.backward()
             stats = b.stats
@@ -323,6 +323,7 @@ def main() -> None:
     ap.add_argument("--timeout", type=float, default=240.0, help="per worker, seconds")
     ap.add_argument("--smoke", action="store_true", help="small sizes, 1 round: validates the harness")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--heuristic", default="eqclass", help="the heuristic of every dtr.budget variant")
     ap.add_argument("--dtr-path", default=None,
                     help="import dtr from this directory in the workers (a frozen copy containing dtr/)")
     ap.add_argument("--dtr-version", default=None, help="a label for the dtr version, quoted in the report")
@@ -346,7 +347,7 @@ def main() -> None:
 
     def spec(model, variant, limit=None):
         return {"model": model, "variant": variant, "limit": limit, "cfg": SIZES[model][1 if a.smoke else 0],
-                "threads": a.threads, "steps": a.steps, "warmup": a.warmup}
+                "threads": a.threads, "steps": a.steps, "warmup": a.warmup, "heuristic": a.heuristic}
 
     # 1. Calibration: the plain step's peak increase P and the constants C.
     calib = {}
@@ -449,7 +450,8 @@ def render(a, models, fracs, calib, results, elapsed, load_start) -> str:
          f"({_cpu_name()}), Linux {platform.release()}, Python {platform.python_version()}, torch {torch.__version__}; "
          f"{a.threads} torch/OMP thread(s), `MALLOC_MMAP_THRESHOLD_=65536`; {a.rounds} round(s)"
          f"{f' ({a.slow_rounds} for the budgeted variants of slow models)' if a.slow_rounds is not None else ''}, "
-         f"{a.warmup} warm-up + {a.steps} measured step(s) per fresh worker process; "
+         f"{a.warmup} warm-up + {a.steps} measured step(s) per fresh worker process; heuristic {a.heuristic}, "
+         f"cost model time; "
          f"dtr {a.dtr_version or _git_head()}{' (imported from a frozen copy)' if a.dtr_path else ''}; "
          f"a variant that failed in its first two rounds is not repeated; "
          f"load average {load_start[0]:.2f} at the start, {os.getloadavg()[0]:.2f} at the end; "

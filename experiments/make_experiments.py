@@ -142,6 +142,19 @@ def findings(groups, points) -> list:
     return out
 
 
+# Why the recurrent logs differ (analysis behind the verdicts that findings() computes).
+ZOO_NOTE = (
+    "Where dtr/eqclass do not beat local/lru: on `unet` and `lstm` every heuristic stops at about the same ratio, "
+    "a floor set by what one op needs at once next to the weights (the grey band in the figure; for the LSTM, "
+    "the vocabulary head's logits, log-softmax and their gradients), and above it the overheads differ by a few "
+    "percent. On `treelstm` every "
+    "node's backward makes a weight-gradient outer product and adds it into an accumulator. The evicted-"
+    "neighbourhood cost e* that dtr and eqclass use also counts the finished (dead) part of the backward around "
+    "a candidate, so the candidates that look cheapest to them are the long-lived accumulators, and bringing one "
+    "back replays its accumulation chain; `local`, which ignores neighbourhoods, avoids that. (Counting only live "
+    "storages in e* recovered DenseNet-BC on earlier logs but not the TreeLSTM; it is not shipped.)")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shared", type=pathlib.Path, default=ROOT.parent / "shared")
@@ -256,7 +269,8 @@ def main(argv=None) -> int:
         md += ["## Our recorded logs", "",
                "![overhead vs budget on our logs](experiments/figures/overhead_zoo.png)", "",
                "The zoo models' logs (one warmed-up training step each, recorded on this CPU with flop costs); "
-               "their tables are below, after the published logs'.", ""]
+               "their tables are below, after the published logs'. Findings, computed from them:", ""]
+        md += findings(zoo_groups, []) + ["", ZOO_NOTE, ""]
     md += ["## Tables per log", "",
            "\"Lowest ratio before failing\": going down from 1.0, the smallest ratio such that it and every "
            "larger ratio finished (`ok`); \"next lower ratio\": what the ratio below it did. Overheads are total "

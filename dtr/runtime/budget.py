@@ -33,7 +33,7 @@ class Budget:
     def __init__(self, limit: Union[None, int, str], *, heuristic: Union[str, Heuristic] = "eqclass",
                  log: Optional[Union[str, os.PathLike]] = None, cost_model: str = "time",
                  thrash_limit: Optional[float] = 10.0, sample: int = 0, seed: int = 0,
-                 device: Optional[Union[str, torch.device]] = None):
+                 device: Optional[Union[str, torch.device]] = None, log_meta: Optional[dict] = None):
         self.budget_bytes = None if limit is None else parse_bytes(limit)
         self.heuristic = get_heuristic(heuristic) if isinstance(heuristic, str) else heuristic
         self.cost_model = get_cost_model(cost_model)
@@ -41,6 +41,7 @@ class Budget:
             raise ValueError(f"thrash_limit must be > 1 or None (got {thrash_limit})")
         self.thrash_limit = thrash_limit
         self.log_path = log
+        self.log_meta = dict(log_meta or {})
         self._options = dict(sample=sample, seed=seed)
         self._device = torch.device(device) if device is not None else None
         self._core: Optional[Core] = None
@@ -79,7 +80,7 @@ class Budget:
         recorder = None
         if self.log_path is not None:
             recorder = LogRecorder(self.log_path, {
-                "cost_unit": self.cost_model.unit, "budget_bytes": self.budget_bytes,
+                **self.log_meta, "cost_unit": self.cost_model.unit, "budget_bytes": self.budget_bytes,
                 "heuristic": self.heuristic.name, "recorded_by": "dtr.budget", "free_dead_constants": True,
                 "keep_needed": True})
         self._mode = DTRMode(self._core, self.cost_model, recorder, self.thrash_limit, self._device)
@@ -112,7 +113,7 @@ class Budget:
 def budget(limit: Union[None, int, str], *, heuristic: Union[str, Heuristic] = "eqclass",
            log: Optional[Union[str, os.PathLike]] = None, cost_model: str = "time",
            thrash_limit: Optional[float] = 10.0, sample: int = 0, seed: int = 0,
-           device: Optional[Union[str, torch.device]] = None) -> Budget:
+           device: Optional[Union[str, torch.device]] = None, log_meta: Optional[dict] = None) -> Budget:
     """Run the code in a ``with`` block within ``limit`` bytes of tensor memory.
 
     Every tensor storage the block touches on the device counts (parameters,
@@ -135,6 +136,8 @@ def budget(limit: Union[None, int, str], *, heuristic: Union[str, Heuristic] = "
         seed: seed of the ``random`` heuristic and of sampling.
         device: the device whose memory is budgeted (default: that of the first
             tensor seen).
+        log_meta: extra JSON fields for the log's meta line (e.g. ``model``,
+            ``batch``: the simulator's figures name them).
 
     Returns:
         A :class:`Budget`; ``with dtr.budget(...) as b: ...`` then ``b.stats``.
@@ -146,4 +149,4 @@ def budget(limit: Union[None, int, str], *, heuristic: Union[str, Heuristic] = "
         dtr.errors.BudgetError: ``limit`` is not a size.
     """
     return Budget(limit, heuristic=heuristic, log=log, cost_model=cost_model, thrash_limit=thrash_limit,
-                  sample=sample, seed=seed, device=device)
+                  sample=sample, seed=seed, device=device, log_meta=log_meta)

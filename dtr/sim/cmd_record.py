@@ -130,7 +130,8 @@ def _record(args: argparse.Namespace) -> int:
     out = args.output
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     torch.manual_seed(args.seed)
-    with dtr.budget(None, log=out, cost_model=args.cost_model, device=device) as b:
+    with dtr.budget(None, log=out, cost_model=args.cost_model, device=device,
+                    log_meta={"model": args.model, "batch": args.batch}) as b:
         loss = zm.loss(model, inputs, targets)
         loss.backward()
     stats = b.stats
