@@ -103,6 +103,7 @@ PYBIND11_MODULE(_C, m) {
            py::arg("inplace_of"), py::arg("cost"))
       .def("end_call", &Core::end_call)
       .def("abort_call", &Core::abort_call)
+      .def("set_cost", &Core::set_cost, py::arg("op"), py::arg("cost"))
       .def("protect", &Core::protect)
       .def("protect_targets", &Core::protect_targets)
       .def("collect", &Core::collect)

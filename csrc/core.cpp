@@ -124,21 +124,54 @@ int Core::begin_call(const std::vector<int>& inputs, const std::vector<int64_t>&
   return op_id;
 }
 
+// Note [Changing an op's cost]
+// An op's cost enters the core's state in four places: op.cost, the cached
+// cost of each storage it has an output on (the sum over the storage's ops),
+// the value of the eqclass component of such a storage while it is evicted
+// (the sum of its members' costs; after_remat and drop_garbage subtract the
+// cost a member has when it leaves, so the component must see every change
+// made while it is a member), and the cached e* costs (Full mode) of the
+// resident storages joined to an evicted one through evicted storages.
+// change_cost() updates all four. end_call() uses it for the op in progress,
+// whose output storages are not computed yet (no component node; compute()
+// dirties their e* frontier right after), and set_cost() for a finished op,
+// whose cost a driver measured later (CUDA events resolve after the op ran).
+// What already happened is not rewritten: the clock, and so the staleness of
+// every storage, advanced by the cost the op had when it (or a recomputation
+// of it) ran, and so did remat_compute; only base_compute, the total cost of
+// first computations, is corrected, since each finished op was counted in it
+// exactly once.
+
+double Core::change_cost(int op_id, double cost, bool in_progress) {
+  Op& op = ops_.at(op_id);
+  if (!(cost >= 0) || !std::isfinite(cost)) throw std::invalid_argument("cost must be finite and >= 0");
+  if (cost == op.cost) return 0.0;
+  const double delta = cost - op.cost;
+  op.cost = cost;
+  std::vector<int> seen;
+  for (int t : op.outputs) {
+    const int sid = tensors_[t].storage;
+    if (contains(seen, sid)) continue;
+    seen.push_back(sid);
+    Storage& s = storages_[sid];
+    s.cost += delta;
+    s.full_dirty = true;
+    if (s.uf >= 0) uf_[uf_find(s.uf)].value += delta;
+    if (!in_progress && cfg_.cost == CostMode::Full && !s.resident && !s.banished) dirty_frontier(sid);
+  }
+  return delta;
+}
+
+void Core::set_cost(int op_id, double cost) {
+  if (op_id < 0 || op_id >= int(ops_.size())) throw std::invalid_argument("unknown op " + std::to_string(op_id));
+  if (!ops_[op_id].ended) throw std::invalid_argument("op " + std::to_string(op_id) + " has not ended");
+  c_.base_compute += change_cost(op_id, cost, /*in_progress=*/false);
+}
+
 void Core::end_call(int op_id, double cost) {
   Op& op = ops_.at(op_id);
-  if (cost != op.cost) {
-    if (!(cost >= 0) || !std::isfinite(cost)) throw std::invalid_argument("cost must be finite and >= 0");
-    const double delta = cost - op.cost;
-    op.cost = cost;
-    std::vector<int> seen;
-    for (int t : op.outputs) {
-      const int sid = tensors_[t].storage;
-      if (contains(seen, sid)) continue;
-      seen.push_back(sid);
-      storages_[sid].cost += delta;
-      storages_[sid].full_dirty = true;
-    }
-  }
+  change_cost(op_id, cost, /*in_progress=*/true);
+  op.ended = true;
   if (op.outputs.empty()) {
     clock_ += op.cost;
     c_.base_compute += op.cost;

@@ -127,6 +127,12 @@ class Core {
   void end_call(int op, double cost);
   // The real op failed: unlock the inputs and forget the outputs.
   void abort_call(int op);
+  // A finished op (end_call returned) really cost `cost` (a driver that learns
+  // op times later, e.g. from CUDA events): its cost, its storages' costs, the
+  // eqclass component of an evicted one and the e* caches follow, and
+  // base_compute is corrected; the clock is not rewritten (see Note [Changing
+  // an op's cost] in core.cpp).
+  void set_cost(int op, double cost);
   // Before a constant is overwritten in place: every live storage whose
   // recomputation would read its old value is brought back and pinned.
   void protect(int storage);
@@ -237,6 +243,7 @@ class Core {
     std::vector<int> inplace_of;  // per output: input index it overwrites in place, or -1
     int64_t total_size = 0;
     int64_t inplace_bytes = 0;   // bytes of outputs that reuse an input's buffer (first compute)
+    bool ended = false;          // end_call returned: its first computation is counted
     bool collected = false;
   };
   struct Storage {
@@ -305,6 +312,7 @@ class Core {
   void free_if_unneeded(int s);
   void touch_parents(int op);
   void count_uf_nbrs(int sid, int delta);
+  double change_cost(int op_id, double cost, bool in_progress);
 };
 
 }  // namespace dtr

@@ -137,6 +137,19 @@ class Core:
         with _translated():
             self._core.end_call(op, float(cost))
 
+    def set_cost(self, op: int, cost: float) -> None:
+        """The finished ``op`` (its :meth:`end_call` returned) really cost ``cost``.
+
+        For a driver that learns op times after the fact (CUDA events resolve
+        later): the op's cost, its storages' costs and the evicted-neighbourhood
+        terms that include them follow, and ``base_compute`` is corrected. The
+        clock (staleness) and ``remat_compute`` keep what they were advanced by.
+
+        Raises:
+            ValueError: an unknown or unfinished op, or a cost that is not finite and >= 0.
+        """
+        self._core.set_cost(op, float(cost))
+
     def abort_call(self, op: int) -> None:
         """The op of :meth:`begin_call` failed: unlock its inputs, forget its outputs."""
         self._core.abort_call(op)

@@ -27,7 +27,11 @@ class Budget:
         stats: a mapping readable during and after the block: ``evictions``,
             ``remats``, ``remat_seconds``, ``peak_bytes`` (dtr's accounting),
             ``budget_bytes``, ``memory_bytes``, ``base_compute``,
-            ``remat_compute``, ``eager_evictions``, ``ops``.
+            ``remat_compute``, ``eager_evictions``, ``ops``. With
+            ``cost_model="time"`` on CUDA, ``base_compute`` and ``remat_seconds``
+            read during the block count only the op times the device has
+            reported so far (the rest provisionally, or not yet); after the
+            block they are complete.
     """
 
     def __init__(self, limit: Union[None, int, str], *, heuristic: Union[str, Heuristic] = "eqclass",
@@ -128,8 +132,9 @@ def budget(limit: Union[None, int, str], *, heuristic: Union[str, Heuristic] = "
         heuristic: a registered heuristic name (``eqclass``, ``dtr``, ``local``,
             ``lru``, ``largest``, ``random``) or a :class:`dtr.Heuristic`.
         log: write the block's ops as a v1 log to this path (``.gz`` compresses).
-        cost_model: ``"time"`` (measured op times, ns) or ``"flops"``
-            (deterministic; decisions are then reproducible and replayable).
+        cost_model: ``"time"`` (measured op times, ns; on CUDA by events,
+            without a synchronization per op: see dtr/runtime/timing.py) or
+            ``"flops"`` (deterministic; decisions are then reproducible and replayable).
         thrash_limit: raise :class:`dtr.ThrashingError` once recomputation
             passes ``thrash_limit - 1`` times the block's own compute (None: never).
         sample: score only this many random pool members per eviction (0: all).

@@ -1,7 +1,11 @@
 """Cost models: how much an operator costs, in the unit the log's meta line names.
 
-``time`` measures each op (ns; on CUDA with events, resolved lazily, so that
-measuring needs no device synchronization per op). ``flops`` is a deterministic
+``time`` measures each op in ns (dtr/runtime/timing.py): on CPU the host wall
+time around the call; on CUDA with a pair of timing events on the current
+stream, resolved lazily a few ops later, so that measuring needs no device
+synchronization per op (the op ends with a provisional cost, and the core
+learns the real one through ``Core.set_cost``; recording a log waits for each
+op instead). ``flops`` is a deterministic
 estimate: matrix products and convolutions by PyTorch's flop formulas, every
 other op by the elements it reads and writes. With ``flops`` the runtime's clock
 (staleness) is the sum of modelled costs, so its decisions are reproducible.
@@ -28,7 +32,7 @@ class CostModel:
 
 
 class TimeModel(CostModel):
-    """Wall time of the op, in ns (measured by the runtime)."""
+    """Time of the op, in ns (measured by the runtime's timer for the budget's device)."""
 
     unit = "ns"
     measured = True

@@ -42,7 +42,6 @@
 from __future__ import annotations
 
 import logging
-import time
 from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 
 import torch
@@ -54,6 +53,7 @@ from dtr.errors import ThrashingError
 from dtr.runtime.costs import CostModel
 from dtr.runtime.effects import written_args
 from dtr.runtime.recorder import LogRecorder
+from dtr.runtime.timing import ProvisionalCosts, make_timer
 
 __all__ = ["DTRMode", "Slot"]
 
@@ -63,6 +63,7 @@ _POLL_EVERY = 16
 _RECENT_OPS = 4     # see Note [Liveness]
 _MAX_VERSIONS = 8   # see Note [Version chains]
 _GC_MIN_OPS = 256
+_REMAT = "remat"    # the timer's tag of a recomputation (see Note [Measured costs])
 
 # Note [Keeping what evicted tensors need]
 # The core (Config::keep_needed, its Note [Freeing what an evicted tensor
@@ -102,6 +103,25 @@ _GC_MIN_OPS = 256
 # Each compaction costs time linear in the tables, which are then at most
 # about twice what is live: amortized O(1) per op, and the metadata of one
 # block over many training steps stays bounded.
+
+# Note [Measured costs]
+# With cost_model="time" every op runs between timer.start() and timer.stop()
+# (dtr/runtime/timing.py). On CPU the cost is the host time, known at once. On
+# CUDA it comes from events resolved a few ops later (Note [Timing on CUDA]):
+# the op ends in the core with a provisional cost (Note [Provisional costs]),
+# its measurement is deferred under the tag (op, key, func), and a poll at the
+# start of each later op hands resolved times to Core.set_cost. Compaction
+# renumbers the tags' ops (a dropped op's time is discarded). Recomputations
+# are timed the same way under the tag _REMAT; their times only add up in
+# remat_seconds (on CUDA, as they resolve; all are in by the end of the block).
+#
+# Note [Recording on CUDA]
+# A recorded log must carry the cost the core used, so that a replay makes the
+# runtime's decisions. While recording on CUDA the timer therefore waits for
+# each op's end event (one synchronization per op): the cost is exact when the
+# op ends, nothing is provisional and no set_cost happens. Recording is an
+# offline activity; buffering log lines until their costs resolve would write
+# costs the core never used at decision time.
 
 # Note [Version chains]
 # Each in-place write makes a new version computed from the old one, so a
@@ -244,6 +264,10 @@ class DTRMode(TorchDispatchMode):
         self._collected_after_compact = 0   # collected storages the core kept at the last compaction
         self._collected_ops = 0             # ops collected since the last compaction
         self._next_handle = 0
+        self.timer = None          # set with the device (see Note [Measured costs])
+        self.provisional = ProvisionalCosts()
+        if device is not None:
+            self._set_device(device)
         core.set_hooks(on_evict=self._on_evict, on_compute=self._on_compute, on_pin=self._on_pin)
 
     # ----------------------------------------------------------------- tracking
@@ -252,9 +276,13 @@ class DTRMode(TorchDispatchMode):
             return False
         dev = x.device.type
         if self.device_type is None:
-            self.device_type = dev
-            self.device = x.device
+            self._set_device(x.device)
         return dev == self.device_type
+
+    def _set_device(self, device: torch.device) -> None:
+        self.device_type = device.type
+        self.device = device
+        self.timer = make_timer(device, self._on_timed, sync=self.recorder is not None)
 
     def _new_handle(self) -> str:
         self._next_handle += 1
@@ -361,9 +389,27 @@ class DTRMode(TorchDispatchMode):
 
     def _on_compute(self, op: int, remat: bool) -> None:
         if remat:
-            t0 = time.perf_counter()
-            self._recompute(op)
-            self.remat_seconds += time.perf_counter() - t0
+            timer = self.timer
+            token = timer.start()
+            try:
+                self._recompute(op)
+            except BaseException:
+                timer.cancel(token)
+                raise
+            m = timer.stop(token)
+            if isinstance(m, float):
+                self.remat_seconds += m * 1e-9
+            else:
+                timer.defer(m, _REMAT)
+
+    def _on_timed(self, tag: Any, ns: float) -> None:
+        """A deferred measurement resolved (see Note [Measured costs])."""
+        if tag is _REMAT:
+            self.remat_seconds += ns * 1e-9
+            return
+        op, key, func = tag
+        self.core.set_cost(op, ns)
+        self.provisional.observe(key, func, ns)
 
     def _view(self, slot: Slot) -> torch.Tensor:
         st = self.phys[self.core.storage_of(slot.tensor)].get()
@@ -438,6 +484,8 @@ class DTRMode(TorchDispatchMode):
             return self._run_untracked_inputs(func, args, kwargs, leaves, spec)
         self.ops_seen += 1
         core = self.core
+        if self.timer.pending:  # costs measured on the device since the last op
+            self.timer.poll()
         ins = [self._track(leaves[i]) for i in tpos]
 
         # Written tensors: their leaf positions, split into versions and constants.
@@ -473,27 +521,47 @@ class DTRMode(TorchDispatchMode):
             core.set_remat_limit((self.thrash_limit - 1) * core.base_compute)
         op = core.begin_call(ins, all_sizes, [-1] * len(all_sizes), inplace_of, cost)
         try:
-            out, flat_out, cost = self._execute(func, args, kwargs, cost)
+            out, flat_out, cost, pending = self._execute(func, args, kwargs, cost, key)
         except BaseException:
             core.abort_call(op)
             raise
         self._commit(op, func, leaves, spec, ins, tpos, sizes, pred.owning, flat_out, plain_writes, const_writes,
-                     rng, cost)
+                     rng, cost, None if pending is None else (pending, key))
         return out
 
-    def _execute(self, func, args, kwargs, cost: float):
-        """Run the op for real; returns (result, flattened result, cost: measured, or the estimate given)."""
+    def _execute(self, func, args, kwargs, cost: float, key: Any):
+        """Run the op for real; returns (result, flattened result, cost, pending measurement or None).
+
+        The cost is the measured one, or the estimate given (flops), or, while
+        the device has not reported the time yet, a provisional one.
+        """
+        pending = None
         if self.cost_model.measured:
-            t0 = time.perf_counter_ns()
-            out = func(*args, **kwargs)
-            cost = float(time.perf_counter_ns() - t0)
+            timer = self.timer
+            token = timer.start()
+            try:
+                out = func(*args, **kwargs)
+            except BaseException:
+                timer.cancel(token)
+                raise
+            m = timer.stop(token)
+            if isinstance(m, float):
+                cost = m
+            else:
+                pending = m
+                cost = self.provisional.guess(key, func, m.host_ns)
         else:
             out = func(*args, **kwargs)
-        return out, tree_flatten(out)[0], cost
+        return out, tree_flatten(out)[0], cost, pending
 
     def _commit(self, op, func, leaves, spec, ins, tpos, sizes, owning, flat_out, plain_writes, const_writes,
-                rng, cost) -> None:
-        """Register the op's outputs and versions, record it, and finish it in the core."""
+                rng, cost, pending=None) -> None:
+        """Register the op's outputs and versions, record it, and finish it in the core.
+
+        ``pending``: (measurement, key) when the op's real cost comes later
+        (see Note [Measured costs]); deferred once the op has ended, before
+        any compaction could renumber it.
+        """
         core = self.core
         outs = core.op_outputs(op)
         new_tensors = outs[:len(sizes)]
@@ -530,6 +598,8 @@ class DTRMode(TorchDispatchMode):
                                mutated=[self.handle[old] for _, old in plain_writes] +
                                [self.handle[t] for _, t in const_writes])
         core.end_call(op, cost)
+        if pending is not None:
+            self.timer.defer(pending[0], (op, pending[1], func))
         handle, recent = self.handle, self._recent_ops
         recent.append([handle[t] for t in ins if t in handle] + [handle[t] for t in new_tensors])
         if len(recent) > _RECENT_OPS:
@@ -647,6 +717,14 @@ class DTRMode(TorchDispatchMode):
         """Compact the core's tables and renumber every core id dtr holds (see Note [Compaction])."""
         ops, tensors, storages = self.core.compact()
 
+        def timed(tag: Any) -> Any:  # a pending measurement's op, renumbered (None: its op was dropped)
+            if tag is _REMAT:
+                return tag
+            new = ops[tag[0]]
+            return None if new < 0 else (new,) + tag[1:]
+
+        self.timer.map_tags(timed)
+
         def slot(x: Any) -> Any:
             return x._replace(tensor=tensors[x.tensor]) if isinstance(x, Slot) else x
 
@@ -673,6 +751,8 @@ class DTRMode(TorchDispatchMode):
         self.poll()
         for t in list(self.alive.values()):
             self.core.pin(t)
+        if self.timer is not None:
+            self.timer.flush()  # the device's last measurements (one wait, at the end of the block)
 
 
 def _hashable(x: Any) -> Any:
