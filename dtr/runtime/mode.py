@@ -38,7 +38,7 @@
 # whenever room must be made, and before any recomputation, all are checked.
 # Checking all at every op costs O(live tensors) per op, quadratic over a
 # TreeLSTM step; checking all only every 16 ops made recorded logs release
-# tensors up to 16 ops late (a 10% higher peak on the LSTM log), which the
+# tensors up to 16 ops late (an 11% higher peak on the LSTM log), which the
 # simulator then counted as live. Buffers dtr owns (an old version's value
 # brought back for a recomputation) are held strongly.
 """
