@@ -7,6 +7,7 @@ Errors from the core arrive as dtr's own exceptions.
 from __future__ import annotations
 
 import math
+import types
 from contextlib import contextmanager
 from typing import Callable, Iterator, List, Optional, Sequence, Tuple
 
@@ -217,7 +218,12 @@ class Core:
 
     def __getattr__(self, name: str):
         # Read-only queries (defined, resident, storage_of, score, ...) and hooks.
-        return getattr(self._core, name)
+        # A query method is bound once: the runtime calls some for every op.
+        # (Properties and hooks are read through each time: their values change.)
+        attr = getattr(self._core, name)
+        if not name.startswith("on_") and isinstance(attr, types.MethodType):
+            self.__dict__[name] = attr
+        return attr
 
     def set_hooks(self, on_evict: Optional[Callable[[int], None]] = None,
                   on_remat: Optional[Callable[[int], None]] = None,

@@ -34,8 +34,10 @@
 # resident: its accounting errs on the safe side. Before every op, the
 # storages that the last _RECENT_OPS ops read or wrote are checked: most die
 # right after their last use (a variable rebound, autograd dropping a node's
-# saved tensors once the node's backward ops ran). Every _POLL_EVERY ops,
-# whenever room must be made, and before any recomputation, all are checked.
+# saved tensors once the node's backward ops ran). Every _POLL_EVERY ops (or,
+# under a budget and not recording, every len(alive) / 4 ops when more live:
+# amortized O(1) per op), whenever room must be made, and before any
+# recomputation, all are checked.
 # Checking all at every op costs O(live tensors) per op, quadratic over a
 # TreeLSTM step; checking all only every 16 ops made recorded logs release
 # tensors up to 16 ops late (an 11% higher peak on the LSTM log), which the
@@ -251,6 +253,7 @@ class DTRMode(TorchDispatchMode):
         self.recorder = recorder
         self._recent: List[str] = []  # handles the last _RECENT_OPS ops read or wrote (see Note [Liveness])
         self._recent_ops: List[List[str]] = []
+        self._next_full_poll = _POLL_EVERY
         self.thrash_limit = thrash_limit
         self.device_type = device.type if device is not None else None
         self.device: Optional[torch.device] = device
@@ -320,6 +323,14 @@ class DTRMode(TorchDispatchMode):
         """
         phys, core, alive = self.phys, self.core, self.alive
         if handles is None:
+            # The next scheduled full poll: every _POLL_EVERY ops or, under a
+            # budget (which polls fully anyway whenever room must be made),
+            # every len(alive) / 4 ops when more tensors live: amortized O(1)
+            # per op. Without a budget or while recording, _POLL_EVERY keeps
+            # the peak accounting and the log's releases prompt.
+            lazy = self.recorder is None and core.budget >= 0
+            every = max(_POLL_EVERY, len(alive) // 4) if lazy else _POLL_EVERY
+            self._next_full_poll = self.ops_seen + every
             dead = [h for h, t in alive.items() if phys[core.storage_of(t)].dead()]
         else:
             dead = [h for h in dict.fromkeys(handles) if h in alive and phys[core.storage_of(alive[h])].dead()]
@@ -507,7 +518,7 @@ class DTRMode(TorchDispatchMode):
         if pred.sizes is None:  # no meta kernel: run it first, account for it after
             return self._run_unpredicted(func, args, kwargs, leaves, spec, ins, tpos)
         sizes = list(pred.sizes)
-        if self.ops_seen % _POLL_EVERY == 0 or (core.budget >= 0 and core.memory + sum(sizes) > core.budget) \
+        if self.ops_seen >= self._next_full_poll or (core.budget >= 0 and core.memory + sum(sizes) > core.budget) \
                 or not all(map(core.defined, ins)):  # a recomputation must not read a storage just dropped
             self.poll()
         elif self._recent:
