@@ -375,6 +375,16 @@ def cuda_setup(width=512, depth=6, batch=1024):
     return model, x, y
 
 
+def half_budget(model, x, y, device="cuda"):
+    """Constants plus half the step's peak increase (dtr's accounting, no limit), on ``device``."""
+    copied = copy.deepcopy(model)
+    with dtr.budget(None, cost_model="flops", device=device) as plain:
+        train_step(copied, x, y)
+    del copied
+    const = constant_bytes(model, x, y)
+    return const, int(const + 0.5 * (plain.stats["peak_bytes"] - const))
+
+
 @cuda
 def test_cuda_time_model_is_exact_and_within_budget():
     from dtr.runtime.timing import CudaEventTimer as Timer
@@ -382,12 +392,7 @@ def test_cuda_time_model_is_exact_and_within_budget():
     model, x, y = cuda_setup(width=width, batch=batch)
     ref = copy.deepcopy(model)
     ref_loss = train_step(ref, x, y)  # also warms up cuBLAS (its workspace stays allocated)
-    copied = copy.deepcopy(model)
-    with dtr.budget(None, cost_model="flops", device="cuda") as plain:
-        train_step(copied, x, y)
-    del copied
-    const = constant_bytes(model, x, y)
-    limit = int(const + 0.5 * (plain.stats["peak_bytes"] - const))
+    const, limit = half_budget(model, x, y)
     torch.cuda.synchronize()
     model.zero_grad(set_to_none=True)
     other = torch.cuda.memory_allocated() - const  # not dtr's to count (cuBLAS workspace, ...)
@@ -411,12 +416,7 @@ def test_cuda_time_model_is_exact_and_within_budget():
 def test_cuda_recorded_log_replays_to_the_same_decisions(tmp_path):
     from dtr.sim import replay
     model, x, y = cuda_setup(width=256, batch=512)
-    copied = copy.deepcopy(model)
-    with dtr.budget(None, cost_model="flops", device="cuda") as plain:
-        train_step(copied, x, y)
-    del copied
-    const = constant_bytes(model, x, y)
-    limit = int(const + 0.5 * (plain.stats["peak_bytes"] - const))
+    _, limit = half_budget(model, x, y)
     path = tmp_path / "cuda.jsonl"
     with dtr.budget(limit, cost_model="time", device="cuda", log=path) as b:
         assert b._mode.timer.sync  # recording waits for each op's time (Note [Recording on CUDA])
