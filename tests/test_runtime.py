@@ -72,6 +72,39 @@ def test_exact_gradients_and_buffers_within_budget(name, heuristic, f):
         assert b.stats["evictions"] > 0 and b.stats["remats"] > 0
 
 
+@pytest.mark.parametrize("adopt", [True, False], ids=["adopt", "copy"])
+def test_recomputed_bytes_adopted_or_copied_are_exact(monkeypatch, adopt):
+    """Both ways of bringing a recomputed value back (see Note [Adopting recomputed bytes])."""
+    from dtr.runtime import mode as mode_mod
+    monkeypatch.setattr(mode_mod, "_SWAP", adopt and mode_mod._SWAP)
+    calls = {"adopted": 0, "copied": 0}
+    adopt_fn, refill_fn = mode_mod.DTRMode._adopt, mode_mod.DTRMode._refill
+
+    def spy_adopt(self, slot, o):
+        ok = adopt_fn(self, slot, o)
+        calls["adopted"] += ok
+        return ok
+
+    def spy_refill(self, t):
+        calls["copied"] += 1
+        return refill_fn(self, t)
+    monkeypatch.setattr(mode_mod.DTRMode, "_adopt", spy_adopt)
+    monkeypatch.setattr(mode_mod.DTRMode, "_refill", spy_refill)
+    torch.manual_seed(0)
+    model, x, y = MODELS["cnn"]()
+    ref = copy.deepcopy(model)
+    ref_loss = train_step(ref, x, y)
+    limit = budget_at(model, x, y, 0.35)
+    with dtr.budget(limit, cost_model="flops") as b:
+        loss = train_step(model, x, y)
+    assert_same(model, ref, loss, ref_loss)
+    assert b.stats["remats"] > 0
+    if adopt:
+        assert calls["adopted"] > 0
+    else:
+        assert calls["adopted"] == 0 and calls["copied"] > 0
+
+
 @pytest.mark.parametrize("name", sorted(MODELS))
 @pytest.mark.parametrize("heuristic", ["eqclass", "dtr", "lru"])
 def test_recorded_log_replays_to_the_same_decisions(tmp_path, name, heuristic):

@@ -11,7 +11,7 @@ from typing import Callable, Dict, List, Sequence, Tuple
 
 import torch
 
-__all__ = ["register_writes", "written_args"]
+__all__ = ["overwrites_self", "register_writes", "written_args"]
 
 # op overload packet name -> f(args, kwargs) -> positions of written tensor args
 _HIDDEN_WRITES: Dict[str, Callable[[Sequence, dict], List[int]]] = {}
@@ -59,3 +59,17 @@ def written_args(func: torch._ops.OpOverload, args: Sequence, kwargs: dict) -> L
     if hidden is not None:
         writes += [i for i in hidden(args, kwargs) if i not in writes]
     return writes
+
+
+# Ops that write every element of ``self`` without reading it (fills and
+# in-place samplers): recomputing one needs no copy of the old value when its
+# ``self`` covers its whole storage (see Note [Adopting recomputed bytes] in mode.py).
+_OVERWRITE_SELF = frozenset(f"aten::{n}" for n in (
+    "bernoulli_", "uniform_", "normal_", "random_", "exponential_", "geometric_", "cauchy_", "log_normal_",
+    "fill_", "zero_", "copy_"))
+
+
+def overwrites_self(func: torch._ops.OpOverload) -> bool:
+    """Whether ``func`` writes every element of its first argument without reading it."""
+    return func._schema.name in _OVERWRITE_SELF
+
