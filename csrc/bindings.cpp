@@ -171,7 +171,7 @@ PYBIND11_MODULE(_C, m) {
         py::list out;
         for (const Instr& i : p.instrs)
           out.append(py::make_tuple(static_cast<int>(i.kind), i.line, i.name, i.cost, i.in, i.out, i.sizes,
-                                    i.aliases, i.mutated));
+                                    i.aliases, i.mutated, i.inplace));
         return out;
       });
 

@@ -109,15 +109,23 @@ int Core::begin_call(const std::vector<int>& inputs, const std::vector<int64_t>&
     if (j < 0) continue;
     if (j >= int(inputs.size()) || alias_of[i] >= 0) throw std::invalid_argument("bad in-place output");
     op.inplace_of[i] = j;
-    op.inplace_bytes += op.sizes[i];
+    // The room the write does not need: the buffer of each storage it
+    // overwrites, once (two written tensors of one storage make two new
+    // versions but free one buffer), and none of a pinned one (end_call
+    // keeps it).
+    const int so = tensors_[inputs[j]].storage;
+    bool counted = storages_[so].pinned;
+    for (size_t k = 0; k < i && !counted; ++k)
+      counted = op.inplace_of[k] >= 0 && tensors_[inputs[op.inplace_of[k]]].storage == so;
+    if (!counted) op.inplace_bytes += std::min(op.sizes[i], storages_[so].size);
   }
   for (int t : op.outputs) {
     tensors_[t].refs += 1;
     storages_[tensors_[t].storage].refs += 1;
   }
-  if (op.outputs.empty()) {  // runs (and costs) once; its inputs must be there
+  if (op.outputs.empty()) {  // runs (and costs) once; its inputs must be there together
     touch_parents(op_id);
-    for (int u : inputs) require(u);
+    lock_inputs(op_id);
     return op_id;
   }
   materialize(op.outputs[0], /*remat=*/false, /*stop_before_root=*/true);
@@ -172,9 +180,13 @@ void Core::end_call(int op_id, double cost) {
   Op& op = ops_.at(op_id);
   change_cost(op_id, cost, /*in_progress=*/true);
   op.ended = true;
-  if (op.outputs.empty()) {
+  if (op.outputs.empty()) {  // it runs once (never again: nothing can need it) and is reported like any op
+    if (on_compute) on_compute(op_id, /*remat=*/false);
     clock_ += op.cost;
     c_.base_compute += op.cost;
+    for (int p : op.inputs) unlock(tensors_[p].storage);
+    for (int p : op.inputs)
+      if (storages_[tensors_[p].storage].banish_pending) try_banish(tensors_[p].storage);
     return;
   }
   if (std::any_of(op.inplace_of.begin(), op.inplace_of.end(), [](int j) { return j >= 0; })) {  // even of 0 bytes
@@ -206,10 +218,41 @@ void Core::end_call(int op_id, double cost) {
   for (int t : op.outputs) storages_[tensors_[t].storage].last_access = clock_;
 }
 
+// Note [Ops without outputs]
+// An op without outputs (an in-place write of a constant, a view nobody
+// keeps) is never recomputed, so begin_call does not materialize an output
+// for it: it only brings the inputs back. They must be resident *together*
+// when it runs, as for any op (Note [Rematerialization order and the explicit
+// stack]): the defined ones are locked first, then each missing one is
+// locked as soon as it is back, so that bringing back the next one cannot
+// evict it; end_call (or abort_call) unlocks them. If bringing one back
+// fails, the locks taken so far are released before the error propagates.
+void Core::lock_inputs(int op_id) {
+  const std::vector<int> inputs = ops_[op_id].inputs;
+  std::vector<int> locked, pending;  // one entry per lock taken
+  try {
+    for (int u : inputs) {
+      if (!tensors_[u].defined) {
+        pending.push_back(u);
+        continue;
+      }
+      lock(tensors_[u].storage);
+      locked.push_back(tensors_[u].storage);
+    }
+    for (int u : pending) {
+      require(u);  // a no-op when bringing back an earlier one brought it back too
+      lock(tensors_[u].storage);
+      locked.push_back(tensors_[u].storage);
+    }
+  } catch (...) {
+    for (int s : locked) unlock(s);
+    throw;
+  }
+}
+
 void Core::abort_call(int op_id) {
   Op& op = ops_.at(op_id);
-  if (!op.outputs.empty())
-    for (int p : op.inputs) unlock(tensors_[p].storage);
+  for (int p : op.inputs) unlock(tensors_[p].storage);
   for (int t : op.outputs) {
     Tensor& x = tensors_[t];
     Storage& s = storages_[x.storage];

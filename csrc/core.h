@@ -191,6 +191,8 @@ class Core {
   bool defined(int t) const { return tensors_.at(t).defined; }
   bool resident(int s) const { return storages_.at(s).resident; }
   bool pinned(int s) const { return storages_.at(s).pinned; }
+  // Banished (or collected): never resident again; a recomputation of its op frees it at once.
+  bool banished(int s) const { return storages_.at(s).banished; }
   int locks(int s) const { return storages_.at(s).locks; }
   int64_t refs(int t) const { return tensors_.at(t).refs; }
   int64_t storage_refs(int s) const { return storages_.at(s).refs; }
@@ -215,7 +217,8 @@ class Core {
   // heuristic, or because its last reference died / it was banished).
   std::function<void(int, bool)> on_evict;
   // on_compute(op, remat): after room is made and before the op's outputs are
-  // marked resident; the driver (re)computes the op's outputs here.
+  // marked resident; the driver (re)computes the op's outputs here. An op
+  // with no outputs is reported once, when end_call accounts for it.
   std::function<void(int, bool)> on_compute;
   // on_pin(storage): a storage became a constant (it must be kept from now on).
   std::function<void(int)> on_pin;
@@ -311,6 +314,7 @@ class Core {
   bool needed_by_evicted(int s) const;
   void free_if_unneeded(int s);
   void touch_parents(int op);
+  void lock_inputs(int op);  // see Note [Ops without outputs] in core.cpp
   void count_uf_nbrs(int sid, int delta);
   double change_cost(int op_id, double cost, bool in_progress);
 };

@@ -88,7 +88,16 @@ ReplayResult replay(const Program& prog, const Config& cfg_in, double thrash_lim
   if (std::isfinite(thrash_limit)) cfg.remat_limit = std::max(0.0, thrash_limit - 1.0) * res.base_total;
   Replayer r(prog, cfg);
   if (trace) {
-    r.core.on_compute = [&res](int op, bool remat) { res.trace.emplace_back(remat ? 1 : 0, op); };
+    // A recomputed op's output on a banished (or collected) storage is freed
+    // as soon as it is computed (Core::compute): reported right after the op.
+    Core& core = r.core;
+    r.core.on_compute = [&res, &core](int op, bool remat) {
+      res.trace.emplace_back(remat ? 1 : 0, op);
+      for (int t : core.op_outputs(op)) {
+        const int s = core.storage_of(t);
+        if (!core.is_alias(t) && core.banished(s)) res.trace.emplace_back(3, s);
+      }
+    };
     r.core.on_evict = [&res](int s, bool by_heuristic) { res.trace.emplace_back(by_heuristic ? 2 : 3, s); };
   }
   int line = 0;

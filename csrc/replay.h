@@ -18,9 +18,12 @@ struct ReplayResult {
   int64_t instructions = 0;   // instructions replayed
   // With tracing: the run as events, in order. kind 0 = op computed for the
   // first time, 1 = op recomputed (id = core op), 2 = storage evicted by the
-  // heuristic, 3 = storage freed because its last reference died (id = core
-  // storage). op_instr[k] is the instruction index that created core op k;
-  // storage_op[s] / storage_index[s] the op and output position that allocate s.
+  // heuristic, 3 = storage freed otherwise: its last reference died, it was
+  // collected, or it is a banished output of the op just recomputed, which
+  // the core frees at once (id = core storage). An op without outputs is
+  // reported once (kind 0). op_instr[k] is the instruction index that created
+  // core op k; storage_op[s] / storage_index[s] the op and output position
+  // that allocate s.
   std::vector<std::pair<int, int>> trace;
   std::vector<int> op_instr, storage_op, storage_index;
 };

@@ -259,8 +259,10 @@ def replay_program(program: "_C.Program", heuristic: Heuristic | str = "eqclass"
     """Replay a parsed program on a fresh core and return its raw result dict.
 
     With ``trace``, the dict also has ``trace`` (a list of ``(kind, id)``: 0 =
-    core op computed, 1 = recomputed, 2 = storage evicted by the heuristic, 3 =
-    storage freed at its last release), ``op_instr`` (core op -> instruction
+    core op computed (an op without outputs too, once), 1 = recomputed, 2 =
+    storage evicted by the heuristic, 3 = storage freed otherwise: at its last
+    release, collected, or a banished output of the op just recomputed, freed
+    at once), ``op_instr`` (core op -> instruction
     index), ``storage_op`` and ``storage_index`` (core storage -> allocating op
     and output position).
     """

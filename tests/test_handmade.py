@@ -194,3 +194,47 @@ def test_dropping_an_empty_constant_pins_nothing():
     c.check()
     assert {x for x in (a, b, u, v) if c.pinned(c.storage_of(x))} == {a, b, u}
     assert not c.resident(c.storage_of(w)) and c.resident(c.storage_of(e))
+
+
+def test_an_op_without_outputs_has_its_inputs_together():
+    # a (30) and b (20) are evicted; e (10) is resident; budget 50. An op
+    # without outputs reading a and b brings a back (40), then b: with
+    # "largest", a would be the victim if it were not locked; e goes instead.
+    c = Core("largest", budget=50)
+    w = c.constant(0)
+    (a,) = c.call([w], [30], [-1], 1.0)
+    (b,) = c.call([w], [20], [-1], 1.0)
+    (d,) = c.call([w], [50], [-1], 1.0)  # evicts a and b
+    c.release(d)
+    (e,) = c.call([w], [10], [-1], 1.0)
+    assert not c.defined(a) and not c.defined(b)
+    computed = []
+    c.set_hooks(on_compute=lambda op, remat: computed.append((op, remat)))
+    op = c.begin_call([a, b], [], [], [], 2.0)
+    assert c.defined(a) and c.defined(b) and not c.defined(e)
+    c.end_call(op, 2.0)
+    assert computed[-1] == (op, False)  # reported like any op, once
+    assert c.locks(c.storage_of(a)) == c.locks(c.storage_of(b)) == 0
+    c.check()
+    # failing to bring the inputs back releases the locks taken so far
+    (f,) = c.call([w], [40], [-1], 1.0)  # evicts a, b
+    c.release(f)
+    (g,) = c.call([w], [25], [-1], 1.0)
+    with pytest.raises(OutOfBudgetError):
+        c.begin_call([g, a, b], [], [], [], 1.0)  # 25 + 30 + 20 > 50 with g and a locked
+    assert c.locks(c.storage_of(g)) == 0 and c.locks(c.storage_of(a)) == 0
+    c.check()
+
+
+def test_writing_one_storage_twice_in_place_stays_within_the_budget():
+    # x (30) written in place through two handles of one tensor: two new
+    # versions but one freed buffer, so the write needs 30 bytes of room.
+    c = Core("lru", budget=70)
+    w = c.constant(0)
+    (x,) = c.call([w], [30], [-1], 1.0)
+    (y,) = c.call([w], [30], [-1], 1.0)
+    c.retain(x)
+    c.call_inplace([x, x], [], [], [0, 1], 1.0)
+    assert c.counters["memory"] <= 70 and c.counters["peak_memory"] <= 70
+    assert not c.defined(y)  # y made the room
+    c.check()

@@ -2,19 +2,23 @@
 from __future__ import annotations
 
 import json
+import pathlib
+import random
 
 import pytest
 
 from dtr.sim import parse_text, read_log
 from dtr.sim.chain import chain_log
 from dtr.sim.cli import main
+from dtr.sim.compare import compare
 from dtr.sim.export import export_schedule
-from dtr.sim.graph import PlanGraphError, graph_from_log, plan_graph
-from dtr.sim.replay import baseline
+from dtr.sim.graph import GraphError, PlanGraphError, graph_from_log, plan_graph
+from dtr.sim.replay import baseline, replay
 from dtr.sim.schedule import COMPUTE, FREE, evaluate, load_schedule
 from test_stress import random_log
 
 HEURISTICS = ("dtr", "eqclass", "local", "lru")
+ZOO_LOGS = pathlib.Path(__file__).resolve().parents[1] / "logs"
 
 
 def _agree(log, fracs=(None, 0.8, 0.5, 0.3), thrash=4.0):
@@ -109,3 +113,200 @@ def test_cli_export(tmp_path, data_dir, capsys):
     g = graph_from_log(read_log(data_dir / "small.jsonl"))
     assert evaluate(g, sched.steps).peak_bytes == d["peak_bytes"]
     assert main(["export", str(data_dir / "small.jsonl"), "--budget", "10%", "-o", str(out)]) == 2
+
+
+# --- the runtime's log features (dtr.budget's recorded logs) ----------------
+# tests/data/runtime_features.jsonl (meta: free_dead_constants, keep_needed):
+# x, w, rm, n, z (0 bytes), t, c constants; an output-less view of z; add_ of
+# the counter n in place (a constant: written where it is); a = aux(c), then
+# `protect c` pins a, so inc_(a) in place makes no new version either; bn
+# writes the constant rm in place next to its outputs y, sm; y2 = copy of y,
+# relu_(y) in place: a new version of y that both handles move to; a view v
+# of it; dropout -> d, mask; mul_ (mutate, inplace) makes a new version of d;
+# mask and z are released and collected (z is a constant of no bytes); pin
+# sm, add_ to it in place (pinned: no new version); releasing t frees a dead
+# constant after pinning the loss l computed from it (so scale_(l) in place
+# makes no new version), releasing a frees the storage `protect c` pinned.
+# Then p, q = f(w), q is collected, and a budget
+# that evicts p makes its recomputation bring q back for an instant.
+
+def _rt_log(data_dir):
+    return read_log(data_dir / "runtime_features.jsonl")
+
+
+def test_graph_follows_the_core_on_runtime_features(data_dir):
+    g = graph_from_log(_rt_log(data_dir))
+    name = dict(zip(g.op_line, g.op_name))
+    by_line = {line: k for k, line in enumerate(g.op_line)}
+    # output-less ops: the view of z, add_ of the constant n, inc_ of the protected a, add_ of the pinned
+    # sm, scale_ of the loss l (pinned when its constant t died)
+    for line in (9, 10, 14, 27, 32):
+        assert g.op_outputs[by_line[line]] == () and g.op_overwrites[by_line[line]] == (), name[line]
+    bn, relu, mul = by_line[15], by_line[18], by_line[22]
+    assert len(g.op_outputs[bn]) == 2 and g.op_overwrites[bn] == ()  # rm is a constant: no new version
+    (y_old,) = g.op_overwrites[relu]
+    (y_new,) = g.op_fresh[relu]
+    assert g.storage_op[y_old] == bn and g.storage_size[y_new] == g.storage_size[y_old] == 128
+    assert g.tensor_storage[g.op_inputs[by_line[19]][0]] == y_new  # y2 moved to the new version
+    assert len(g.op_overwrites[mul]) == 1 and g.op_kind[mul] == "mutate"
+    # the core numbers everything the same way (export checks operators and storages)
+    ex = export_schedule(_rt_log(data_dir), "eqclass", None, graph=g)
+    assert ex.status == "ok" and evaluate(g, ex.schedule.steps).valid
+
+
+def test_export_agrees_on_runtime_features(data_dir):
+    log = _rt_log(data_dir)
+    g = graph_from_log(log)
+    peak = baseline(log)["peak_memory"]
+    fracs = (None, 0.98, 0.96, 0.94, 0.92, 0.9, 0.88, 0.86, 0.84, 0.8)  # below 0.84: oom
+    assert _agree(log, fracs=fracs, thrash=10.0) == 4 * 9
+    steps = export_schedule(log, "eqclass", int(peak * 0.9), graph=g).schedule.steps
+    # the in-place write runs in place: its old version is freed right before it
+    relu = g.op_line.index(18)
+    k = steps.index((COMPUTE, relu))
+    assert steps[k - 1] == (FREE, g.op_overwrites[relu][0])
+    # the dead constant t and the collected empty constant z are freed
+    t, z = g.op_fresh[5][0], g.op_fresh[4][0]
+    assert (FREE, t) in steps and (FREE, z) in steps and g.storage_pinned[t] and g.storage_pinned[z]
+    # q (collected) comes back with p's recomputation and is freed at once
+    f = g.op_line.index(43)
+    q = g.op_fresh[f][1]
+    k = steps.index((COMPUTE, f), steps.index((COMPUTE, f)) + 1)
+    assert steps[k + 1] == (FREE, q)
+
+
+def test_compare_on_runtime_features(data_dir):
+    log = _rt_log(data_dir)
+    peak = baseline(log)["peak_memory"]
+    rows = compare(log, [int(peak * 0.9), peak], ["chen"], heuristics=["eqclass"], baseline_peak=peak)
+    assert [(r.planner, r.status) for r in rows] == [("chen", "oom"), ("eqclass", "ok"), ("chen", "ok"),
+                                                     ("eqclass", "ok")]
+    for r in rows[1:]:
+        assert r.valid and r.peak_bytes <= r.budget_bytes, r
+
+
+def test_inplace_output_viewing_the_overwritten_storage_is_refused():
+    text = "\n".join(json.dumps(d) for d in [
+        {"op": "constant", "id": "w", "size": 8},
+        {"op": "call", "name": "f", "inputs": ["w"], "outputs": ["x"], "sizes": [100], "aliases": [None], "cost": 1},
+        {"op": "call", "name": "add_", "inputs": ["x"], "outputs": ["y"], "sizes": [100], "aliases": ["x"],
+         "cost": 1, "mutated": ["x"]}])
+    with pytest.raises(GraphError, match=r"<string>:3: output 'y' views 'x'"):
+        graph_from_log(parse_text(text))
+
+
+def test_evaluator_hands_an_overwritten_version_over_in_place(data_dir):
+    g = graph_from_log(_rt_log(data_dir))
+    relu = g.op_line.index(18)
+    (old,) = g.op_overwrites[relu]
+    before = [(COMPUTE, k) for k in range(relu)]
+    after = [(COMPUTE, k) for k in range(relu + 1, g.num_ops)]
+    inplace = evaluate(g, before + [(FREE, old), (COMPUTE, relu)] + after)
+    kept = evaluate(g, before + [(COMPUTE, relu), (FREE, old)] + after)
+    assert inplace.valid and kept.valid, (inplace.error, kept.error)
+    # only right before the write: a compute step in between ends the hand-over
+    late = evaluate(g, before[:-1] + [(FREE, old)] + before[-1:] + [(COMPUTE, relu)] + after)
+    assert not late.valid and "not resident" in late.error
+    # and only to the operator that overwrites it
+    other = g.op_line.index(19)  # the view of the new version reads y2, now the new version
+    assert old not in g.op_overwrites[other]
+
+
+def test_evaluator_frees_a_dropped_constant_for_good(data_dir):
+    g = graph_from_log(_rt_log(data_dir))
+    t = g.op_fresh[5][0]  # the constant t, released by the log
+    loss = g.op_line.index(30)
+    steps = [(COMPUTE, k) for k in range(loss + 1)]
+    assert evaluate(g, steps + [(FREE, t)] + [(COMPUTE, k) for k in range(loss + 1, g.num_ops)]).valid
+    ev = evaluate(g, steps + [(FREE, t), (COMPUTE, 5)] + [(COMPUTE, k) for k in range(loss + 1, g.num_ops)])
+    assert not ev.valid and "cannot be brought back" in ev.error
+    w = g.op_fresh[1][0]  # w is still referenced at the end
+    ev = evaluate(g, steps + [(FREE, w)])
+    assert not ev.valid and "constant the log keeps" in ev.error
+
+
+def runtime_random_log(seed: int, steps: int = 150) -> str:
+    """A random v1 log with the runtime's features: in-place writes, pins, protects, collects."""
+    rng = random.Random(seed)
+    meta = {"op": "meta", "version": 1, "seed": seed, "free_dead_constants": rng.random() < 0.7,
+            "keep_needed": rng.random() < 0.7}
+    lines, live, n = [json.dumps(meta)], [], 0
+
+    def new():
+        nonlocal n
+        n += 1
+        return f"t{n}"
+
+    def constant():
+        t = new()
+        lines.append(json.dumps({"op": "constant", "id": t, "size": rng.choice([0, 8, 16, 40])}))
+        live.append(t)
+
+    for _ in range(4):
+        constant()
+    for _ in range(steps):
+        r = rng.random()
+        if len(live) > 12 and r < 0.4:
+            lines.append(json.dumps({"op": "release", "id": live.pop(rng.randrange(len(live)))}))
+        elif r < 0.4 or len(live) < 2:
+            ins = rng.sample(live, k=min(len(live), rng.randint(1, 3)))
+            outs = [new() for _ in range(rng.choice([0, 1, 1, 2]))]
+            writes = rng.random() < 0.4  # (an in-place write's outputs view nothing: see GraphError)
+            d = {"op": "call", "name": "f", "inputs": ins, "outputs": outs,
+                 "sizes": [rng.randint(0, 60) for _ in outs],
+                 "aliases": [rng.choice(ins) if not writes and rng.random() < 0.2 else None for _ in outs],
+                 "cost": rng.choice([0, 1, 2, 3.5, 7])}
+            if writes:
+                d["mutated"] = rng.sample(ins, k=rng.randint(1, len(ins)))
+            lines.append(json.dumps(d))
+            live += outs
+        elif r < 0.5:
+            ins = rng.sample(live, k=min(len(live), rng.randint(1, 3)))
+            lines.append(json.dumps({"op": "mutate", "name": "g_", "inputs": ins, "mutated": [ins[0]],
+                                     "inplace": rng.random() < 0.6, "cost": rng.choice([1, 2, 5])}))
+        elif r < 0.56:
+            constant()
+        elif r < 0.62:
+            t = new()
+            lines.append(json.dumps({"op": "copy", "dst": t, "src": rng.choice(live)}))
+            live.append(t)
+        elif r < 0.67:
+            lines.append(json.dumps({"op": "copyfrom", "dst": rng.choice(live), "src": rng.choice(live)}))
+        elif r < 0.71:
+            lines.append(json.dumps({"op": "pin", "id": rng.choice(live)}))
+        elif r < 0.75:
+            lines.append(json.dumps({"op": "protect", "id": rng.choice(live)}))
+        elif r < 0.79:
+            lines.append(json.dumps({"op": "collect"}))
+        else:
+            lines.append(json.dumps({"op": "release", "id": live.pop(rng.randrange(len(live)))}))
+    for t in live[4:]:
+        if rng.random() < 0.7:
+            lines.append(json.dumps({"op": "release", "id": t}))
+    return "\n".join(lines) + "\n"
+
+
+def test_export_agrees_on_random_runtime_logs():
+    n = sum(_agree(parse_text(runtime_random_log(seed), path=f"<runtime random {seed}>"),
+                   fracs=(None, 0.9, 0.8, 0.7, 0.6, 0.5)) for seed in range(40))
+    assert n >= 200
+
+
+def test_compare_runs_on_a_recorded_zoo_log():
+    log = read_log(ZOO_LOGS / "unet.jsonl.gz")  # the smallest recorded log
+    peak = baseline(log)["peak_memory"]
+    rows = compare(log, [int(peak * 0.5), int(peak * 0.8)], ["chen"], heuristics=["eqclass"], baseline_peak=peak)
+    dtr_rows = [r for r in rows if r.kind == "dtr"]
+    assert [r.status for r in dtr_rows] == ["ok", "ok"]
+    for r in dtr_rows:
+        assert r.valid and r.peak_bytes == replay(log, "eqclass", r.budget_bytes).peak_bytes <= r.budget_bytes
+    chen = [r for r in rows if r.kind == "static"]
+    assert all(r.valid for r in chen if r.status == "ok") and chen[1].status == "ok"
+
+
+def test_cli_compare_on_a_recorded_zoo_log(capsys):
+    assert main(["compare", str(ZOO_LOGS / "unet.jsonl.gz"), "--budget", "50%", "--planners", "chen",
+                 "--heuristics", "eqclass", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    (dtr_row,) = [r for r in rows if r["planner"] == "eqclass"]
+    assert dtr_row["status"] == "ok" and dtr_row["valid"] is True

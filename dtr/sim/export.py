@@ -10,6 +10,7 @@ from dtr.errors import DtrError
 from dtr.heuristics import Heuristic, get_heuristic
 from dtr.sim.graph import Graph, graph_from_log
 from dtr.sim.logs import Log, read_log
+from dtr.sim.replay import log_semantics
 from dtr.sim.schedule import COMPUTE, FREE, Schedule
 
 __all__ = ["Export", "export_schedule"]
@@ -39,14 +40,21 @@ class Export:
 # Note [Exporting a DTR run]
 # ~~~~~~~~~~~~~~~~~~~~~~~~~~
 # The core reports, in order, every operator it computes (first time or
-# again) and every storage it frees (evicted by the heuristic, or freed at its
-# last release). The exact graph numbers operators and storages exactly as the
-# core does (checked here against the core's storage -> operator map), so the
-# trace is the schedule: compute events become ``compute`` steps, evictions
-# and frees ``free`` steps. Eviction by the heuristic happens before the
-# operator that needed the room, as in the trace. Banishing is not exported
-# (a banished storage's dependents become constants, which a static schedule
-# over the log's graph cannot express).
+# again; an operator without outputs once) and every storage it frees
+# (evicted by the heuristic, freed at its last release, a dead constant,
+# collected garbage, or a collected output that a recomputation of its
+# operator brings back for an instant and the core frees at once). The exact graph
+# numbers operators and storages exactly as the core does (Note [The exact
+# graph follows the core] in dtr.sim.graph; checked here against the core's
+# op -> instruction and storage -> operator maps), so the trace is the
+# schedule: compute events become ``compute`` steps, evictions and frees
+# ``free`` steps. Eviction by the heuristic happens before the operator that
+# needed the room, as in the trace; an in-place write's old version is freed
+# right before the write (Note [In-place writes in a schedule] in
+# dtr.sim.schedule). The run uses the log's own semantics (log_semantics),
+# as ``dtr-sim replay`` does, so the schedule is the run replay reports.
+# Banishing is not exported (a banished storage's dependents become
+# constants, which a static schedule over the log's graph cannot express).
 
 
 def export_schedule(log: Union[Log, str], heuristic: Union[Heuristic, str] = "eqclass",
@@ -63,19 +71,47 @@ def export_schedule(log: Union[Log, str], heuristic: Union[Heuristic, str] = "eq
         sample: see :func:`dtr.sim.replay.replay`.
         graph: the log's exact graph, if already extracted.
 
+    Returns:
+        The :class:`Export` (its schedule is complete only when the run's status is ``ok``).
+
     Raises:
-        DtrError: the core's numbering does not match the extracted graph (a bug).
+        LogFormatError: ``log`` is a path to a bad log.
+        DtrError: the core's numbering does not match the extracted graph (a
+            bug; the message names the first log line where they differ).
     """
     if not isinstance(log, Log):
         log = read_log(log)
     h = get_heuristic(heuristic) if isinstance(heuristic, str) else heuristic
     g = graph if graph is not None else graph_from_log(log)
-    raw = replay_program(log.program, h, budget, thrash_limit=thrash_limit, trace=True, seed=seed, sample=sample)
-    core_storage_op = list(raw["storage_op"])  # shorter when the run stopped early
-    if core_storage_op != list(g.storage_op[:len(core_storage_op)]):
-        raise DtrError("the simulator's storages do not match the extracted graph (please report this)")
+    raw = replay_program(log.program, h, budget, thrash_limit=thrash_limit, trace=True, seed=seed, sample=sample,
+                         **log_semantics(log))
+    _check_numbering(g, raw)
     steps = tuple((COMPUTE if kind in (0, 1) else FREE, int(x)) for kind, x in raw["trace"])
     meta = {"log": g.name, "planner": h.name, "budget_bytes": budget, "status": raw["status"]}
     return Export(graph=g, schedule=Schedule(steps=steps, meta=meta), status=raw["status"],
                   peak_bytes=int(raw["peak_memory"]), total_compute=raw["base_compute"] + raw["remat_compute"],
                   budget_bytes=budget)
+
+
+def _check_numbering(g: Graph, raw: dict) -> None:
+    """Check the core's ids against the graph's (the core's lists are shorter when the run stopped early).
+
+    Raises:
+        DtrError: they differ; names the log line of the first operator or storage that does.
+    """
+    core_instr = list(raw["op_instr"])
+    n = len(core_instr)
+    if n > g.num_ops or core_instr != list(g.op_instr[:n]):
+        k = next((k for k, (a, b) in enumerate(zip(core_instr, g.op_instr)) if a != b), min(n, g.num_ops))
+        line = g.op_line[k] if k < g.num_ops else g.op_line[-1]
+        raise DtrError(f"{g.name}:{line}: the simulator's operators do not match the extracted graph "
+                       f"(operator {k}; please report this)")
+    core = list(zip(raw["storage_op"], raw["storage_index"]))
+    exact = [(g.storage_op[s], g.op_outputs[g.storage_op[s]].index(g.storage_tensors[s][0]))
+             for s in range(min(len(core), g.num_storages))]
+    if len(core) > g.num_storages or core != exact:
+        s = next((s for s, (a, b) in enumerate(zip(core, exact)) if a != b), len(exact))
+        op = core[s][0] if s < len(core) else g.storage_op[s]
+        line = g.op_line[op] if op < g.num_ops else g.op_line[-1]
+        raise DtrError(f"{g.name}:{line}: the simulator's storages do not match the extracted graph "
+                       f"(storage {s}; please report this)")

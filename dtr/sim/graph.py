@@ -18,7 +18,12 @@ from typing import Dict, List, Optional, Tuple
 
 from dtr.errors import DtrError
 
-__all__ = ["Graph", "PlanGraph", "PlanGraphError", "graph_from_log", "plan_graph", "chain_shape", "ChainShape"]
+__all__ = ["Graph", "GraphError", "PlanGraph", "PlanGraphError", "graph_from_log", "plan_graph", "chain_shape",
+           "ChainShape"]
+
+
+class GraphError(DtrError):
+    """A log whose exact graph cannot be built (it uses something the core does not model consistently)."""
 
 
 @dataclass(frozen=True)
@@ -29,7 +34,10 @@ class Graph:
     each make one). Tensors are numbered as the operators create their
     outputs; storages as the operators allocate them (a view output shares
     its input's storage; a mutate allocates a fresh copy of each storage it
-    writes, simrd's reference layer).
+    writes, simrd's reference layer; an in-place write, a ``call`` with
+    ``mutated`` or a ``mutate`` with ``inplace``, makes a new version of each
+    written storage after the call's own outputs, except of a constant, which
+    is written where it is: see Note [The exact graph follows the core]).
 
     Attributes:
         name: where the graph comes from (the log's path).
@@ -37,17 +45,22 @@ class Graph:
         op_kind: ``constant``, ``call`` or ``mutate`` per operator.
         op_name: the operator's name (``constant`` for constants).
         op_line: the log line that created it.
+        op_instr: the index of that instruction in ``Log.records()``.
         op_cost: its cost.
         op_inputs: input tensor ids.
         op_outputs: output tensor ids.
         op_fresh: storage ids it allocates (its non-view outputs).
         op_alloc: bytes it allocates when it runs (sum of its fresh storages).
+        op_overwrites: per operator, the storages it writes in place (the old
+            versions of its new-version outputs; empty for most operators).
+            See Note [In-place writes in a schedule] in :mod:`dtr.sim.schedule`.
         tensor_op: the operator that produces each tensor.
         tensor_storage: the storage each tensor lives in.
         tensor_view: whether the tensor is a view of an input (0 bytes).
         storage_size: bytes per storage.
         storage_op: the operator that allocates each storage.
-        storage_pinned: constants: resident from their operator on, never freed.
+        storage_pinned: constants: resident from their operator on, never
+            recomputed; freed only if the log drops them (not ``wanted``).
         storage_tensors: the tensors living in each storage.
         wanted: tensors still referenced at the end of the log (must be
             resident when the schedule ends).
@@ -71,6 +84,8 @@ class Graph:
     storage_pinned: Tuple[bool, ...]
     storage_tensors: Tuple[Tuple[int, ...], ...]
     wanted: Tuple[int, ...]
+    op_overwrites: Tuple[Tuple[int, ...], ...]
+    op_instr: Tuple[int, ...]
 
     @property
     def num_ops(self) -> int:
@@ -86,8 +101,287 @@ class Graph:
         return float(sum(self.op_cost))
 
 
+# Note [The exact graph follows the core]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# The exact graph must number operators, tensors and storages as the core
+# does when it replays the log (the export checks it), so graph_from_log
+# walks the log as csrc/replay.cpp drives the core:
+# - ``constant``, ``call``: one operator; outputs in order, a fresh storage
+#   each unless the output views an input.
+# - ``mutate`` (simrd's reference layer, Core::mutate): a fresh copy of each
+#   written storage; the written handle moves to the copy.
+# - an in-place write (a ``call`` with ``mutated``, a ``mutate`` with
+#   ``inplace``; Core::call_inplace): after the call's own outputs, one new
+#   version per written input, a fresh storage of the written storage's size,
+#   which every handle of the old version moves to. A written storage that is
+#   *pinned* at that moment (a constant, or a storage pinned by ``pin`` or by
+#   protecting a constant) gets no new version: it is written where it is.
+#   So the numbering depends on which storages are pinned, and the builder
+#   keeps the core's pinned set: constants, ``pin``, and the storages
+#   Core::protect pins, which are the referenced storages computed from the
+#   protected one through storages that are neither pinned nor freed for
+#   good. A pinned storage is protected before it is written in place
+#   (repeatedly, as protecting one written input may pin another), on
+#   ``protect``, and, under the log's ``free_dead_constants`` semantics (see
+#   dtr.sim.replay.log_semantics), when its last handle is released; it is
+#   then freed for good (one of no bytes is never protected, and stays).
+#   That needs reference counts (live handles per tensor, moved to the new
+#   version on an in-place write) and the storage dependency graph. An
+#   in-place write whose own output views a storage it overwrites is refused
+#   (GraphError): the core would put that view on the old version, which it
+#   evicts, and count it resident without its bytes (the runtime never logs
+#   one: it logs no views; a hand-written log can log the view as a separate
+#   call after the write).
+# - ``copy``, ``copyfrom``, ``release``: handles and references only (a
+#   release may drop a pinned storage: see above).
+# - ``collect`` frees storages that can never be needed again. It does not
+#   renumber anything (the replayer never compacts) and cannot change the
+#   pinned set that matters: a collected storage is unreferenced for good and
+#   no referenced, unpinned storage is computed from it through unpinned
+#   ones (it would have been needed), so protecting never reaches through it.
+# Everything else the core does (evictions, rematerializations, keep_needed)
+# changes no id. Banishing (replay --banish) pins storages on the fly and is
+# not modelled: the export never banishes.
+
+
+class _Builder:
+    """Builds a :class:`Graph` by walking a log as the core replays it."""
+
+    def __init__(self, name: str, free_dead_constants: bool) -> None:
+        self.name = name
+        self.free_dead_constants = free_dead_constants
+        self.op_kind: List[str] = []
+        self.op_name: List[str] = []
+        self.op_line: List[int] = []
+        self.op_instr: List[int] = []
+        self.instr = -1  # the instruction being applied
+        self.op_cost: List[float] = []
+        self.op_inputs: List[Tuple[int, ...]] = []
+        self.op_outputs: List[Tuple[int, ...]] = []
+        self.op_fresh: List[Tuple[int, ...]] = []
+        self.op_alloc: List[int] = []
+        self.op_overwrites: List[Tuple[int, ...]] = []
+        self.tensor_op: List[int] = []
+        self.tensor_storage: List[int] = []
+        self.tensor_view: List[bool] = []
+        self.tensor_refs: List[int] = []
+        self.storage_size: List[int] = []
+        self.storage_op: List[int] = []
+        self.storage_const: List[bool] = []
+        self.storage_tensors: List[List[int]] = []
+        self.storage_refs: List[int] = []
+        self.storage_dependents: List[List[int]] = []
+        self.storage_deps: List[set] = []
+        self.pinned: List[bool] = []  # the core's pinned set now
+        self.gone: List[bool] = []    # freed for good (a dead constant)
+        self.handle: Dict[str, int] = {}
+
+    def add_op(self, kind: str, name: str, line: int, cost: float, inputs: List[int],
+               specs: List[Tuple[str, int]], overwrites: Tuple[int, ...] = ()) -> List[int]:
+        """Add an operator as Core::new_op does.
+
+        Args:
+            kind, name, line, cost: the operator's.
+            inputs: input tensors.
+            specs: per output, ("fresh", size) or ("view", the input tensor it views).
+            overwrites: the storages it writes in place (one per new version).
+
+        Returns:
+            The output tensors (each with one reference, its handle's).
+        """
+        k = len(self.op_cost)
+        outs: List[int] = []
+        fresh: List[int] = []
+        alloc = 0
+        for sp, arg in specs:
+            t = len(self.tensor_op)
+            if sp == "fresh":
+                s = len(self.storage_size)
+                self.storage_size.append(int(arg))
+                self.storage_op.append(k)
+                self.storage_const.append(kind == "constant")
+                self.storage_tensors.append([])
+                self.storage_refs.append(0)
+                self.storage_deps.append(set())
+                self.storage_dependents.append([])
+                self.pinned.append(kind == "constant")
+                self.gone.append(False)
+                fresh.append(s)
+                alloc += int(arg)
+            else:
+                s = self.tensor_storage[arg]
+            self.tensor_op.append(k)
+            self.tensor_storage.append(s)
+            self.tensor_view.append(sp == "view")
+            self.tensor_refs.append(1)  # the output's handle
+            self.storage_refs[s] += 1
+            self.storage_tensors[s].append(t)
+            for u in inputs:  # the core's storage-level edges (Core::new_op)
+                su = self.tensor_storage[u]
+                if su != s and su not in self.storage_deps[s]:
+                    self.storage_deps[s].add(su)
+                    self.storage_dependents[su].append(s)
+            outs.append(t)
+        self.op_kind.append(kind)
+        self.op_name.append(name)
+        self.op_line.append(line)
+        self.op_instr.append(self.instr)
+        self.op_cost.append(float(cost))
+        self.op_inputs.append(tuple(inputs))
+        self.op_outputs.append(tuple(outs))
+        self.op_fresh.append(tuple(fresh))
+        self.op_alloc.append(alloc)
+        self.op_overwrites.append(tuple(overwrites))
+        return outs
+
+    def protect(self, s: int) -> None:
+        """Core::protect: pin the referenced storages computed from ``s``."""
+        if self.storage_size[s] == 0:
+            return
+        seen = set()
+        stack = list(self.storage_dependents[s])
+        targets = []
+        while stack:
+            d = stack.pop()
+            if d in seen or self.pinned[d] or self.gone[d]:
+                continue
+            seen.add(d)
+            if self.storage_refs[d] > 0:
+                targets.append(d)
+            stack.extend(self.storage_dependents[d])
+        for d in targets:
+            self.pinned[d] = True
+
+    def release(self, t: int) -> None:
+        """Core::release of one reference (a handle dies)."""
+        self.tensor_refs[t] -= 1
+        s = self.tensor_storage[t]
+        self.storage_refs[s] -= 1
+        if self.storage_refs[s] == 0 and self.pinned[s] and self.free_dead_constants and self.storage_size[s] > 0:
+            self.protect(s)
+            self.pinned[s] = False
+            self.gone[s] = True
+
+    def write_inplace(self, kind: str, r, outputs: List[Tuple[str, int]]) -> None:
+        """Core::call_inplace: the call's outputs, then a new version per written unpinned input.
+
+        Args:
+            kind: ``call`` or ``mutate``.
+            r: the log record (its ``mutated`` are the written inputs).
+            outputs: the specs of the call's own outputs (see :meth:`add_op`).
+
+        Raises:
+            GraphError: an output views a storage the call overwrites.
+        """
+        ins = [self.handle[h] for h in r.inputs]
+        written = [ins[r.inputs.index(h)] for h in r.mutated]
+        done = [False] * len(written)
+        again = True
+        while again:  # protecting a written constant may pin another written input
+            again = False
+            for k, t in enumerate(written):
+                s = self.tensor_storage[t]
+                if self.pinned[s] and not done[k]:
+                    self.protect(s)
+                    done[k] = True
+                    again = True
+        specs = list(outputs)
+        versions: List[int] = []  # per written input: the index of its new version, or -1
+        overwrites: List[int] = []
+        for t in written:
+            s = self.tensor_storage[t]
+            if self.pinned[s]:
+                versions.append(-1)
+                continue
+            versions.append(len(specs))
+            specs.append(("fresh", self.storage_size[s]))
+            overwrites.append(s)
+        for h, a, (sp, t) in zip(r.outputs, r.aliases, outputs):
+            if sp == "view" and self.tensor_storage[t] in overwrites:
+                raise GraphError(f"{self.name}:{r.line}: output {h!r} views {a!r}, whose storage this call "
+                                 f"overwrites in place: not supported (log the view as a separate call after "
+                                 f"the write)")
+        outs = self.add_op(kind, r.name or kind, r.line, r.cost, ins, specs, tuple(overwrites))
+        for h, t in zip(r.outputs, outs):
+            self.handle[h] = t
+        for old, v in zip(written, versions):
+            if v < 0:
+                continue
+            new = outs[v]
+            moved = self.tensor_refs[old]  # the old version's references move to the new one
+            self.storage_refs[self.tensor_storage[new]] += moved - self.tensor_refs[new]
+            self.tensor_refs[new] = moved
+            self.storage_refs[self.tensor_storage[old]] -= moved
+            self.tensor_refs[old] = 0
+            for h, x in self.handle.items():
+                if x == old:
+                    self.handle[h] = new
+
+    def record(self, r) -> None:
+        """Apply one log instruction."""
+        if r.kind == "constant":
+            (t,) = self.add_op("constant", "constant", r.line, 0.0, [], [("fresh", r.sizes[0])])
+            self.handle[r.outputs[0]] = t
+        elif r.kind == "call":
+            specs = [("fresh", size) if a is None else ("view", self.handle[a])
+                     for size, a in zip(r.sizes, r.aliases)]
+            if r.inplace:
+                self.write_inplace("call", r, specs)
+                return
+            ins = [self.handle[h] for h in r.inputs]
+            outs = self.add_op("call", r.name or "call", r.line, r.cost, ins, specs)
+            for h, t in zip(r.outputs, outs):
+                self.handle[h] = t
+        elif r.kind == "mutate":
+            if r.inplace:
+                self.write_inplace("mutate", r, [])
+                return
+            ins = [self.handle[h] for h in r.inputs]
+            old = [self.handle[h] for h in r.mutated]
+            specs = [("fresh", self.storage_size[self.tensor_storage[t]]) for t in old]
+            outs = self.add_op("mutate", r.name or "mutate", r.line, r.cost, ins, specs)
+            for t in old:
+                self.release(t)
+            for h, t in zip(r.mutated, outs):
+                self.handle[h] = t
+        elif r.kind == "copy":
+            t = self.handle[r.inputs[0]]
+            self.tensor_refs[t] += 1
+            self.storage_refs[self.tensor_storage[t]] += 1
+            self.handle[r.outputs[0]] = t
+        elif r.kind == "copyfrom":
+            t, old = self.handle[r.inputs[0]], self.handle[r.outputs[0]]
+            self.tensor_refs[t] += 1
+            self.storage_refs[self.tensor_storage[t]] += 1
+            self.release(old)
+            self.handle[r.outputs[0]] = t
+        elif r.kind == "release":
+            self.release(self.handle.pop(r.inputs[0]))
+        elif r.kind == "pin":
+            self.pinned[self.tensor_storage[self.handle[r.inputs[0]]]] = True
+        elif r.kind == "protect":
+            self.protect(self.tensor_storage[self.handle[r.inputs[0]]])
+        # "collect" changes no id and no pinned storage that matters (see the Note).
+
+    def graph(self, name: str, cost_unit: str) -> Graph:
+        """The graph built so far; handles still live are the wanted outputs."""
+        wanted = tuple(sorted(set(self.handle.values())))
+        return Graph(
+            name=name, cost_unit=cost_unit, op_kind=tuple(self.op_kind), op_name=tuple(self.op_name),
+            op_line=tuple(self.op_line), op_cost=tuple(self.op_cost), op_inputs=tuple(self.op_inputs),
+            op_outputs=tuple(self.op_outputs), op_fresh=tuple(self.op_fresh), op_alloc=tuple(self.op_alloc),
+            tensor_op=tuple(self.tensor_op), tensor_storage=tuple(self.tensor_storage),
+            tensor_view=tuple(self.tensor_view), storage_size=tuple(self.storage_size),
+            storage_op=tuple(self.storage_op), storage_pinned=tuple(self.storage_const),
+            storage_tensors=tuple(tuple(x) for x in self.storage_tensors), wanted=wanted,
+            op_overwrites=tuple(self.op_overwrites), op_instr=tuple(self.op_instr))
+
+
 def graph_from_log(log) -> Graph:
     """Extract the exact operator graph of a log.
+
+    The ids are those the core gives when it replays the log under the log's
+    own semantics (Note [The exact graph follows the core]).
 
     Args:
         log: a :class:`dtr.sim.logs.Log`, or a path to one.
@@ -97,86 +391,17 @@ def graph_from_log(log) -> Graph:
 
     Raises:
         LogFormatError: ``log`` is a path to a bad log.
+        GraphError: an in-place write's output views a storage it overwrites
+            (Note [The exact graph follows the core]).
     """
     from dtr.sim.logs import Log, read_log
+    from dtr.sim.replay import log_semantics
     if not isinstance(log, Log):
         log = read_log(os.fspath(log))
-    op_kind: List[str] = []
-    op_name: List[str] = []
-    op_line: List[int] = []
-    op_cost: List[float] = []
-    op_inputs: List[Tuple[int, ...]] = []
-    op_outputs: List[Tuple[int, ...]] = []
-    op_fresh: List[Tuple[int, ...]] = []
-    op_alloc: List[int] = []
-    tensor_op: List[int] = []
-    tensor_storage: List[int] = []
-    tensor_view: List[bool] = []
-    storage_size: List[int] = []
-    storage_op: List[int] = []
-    storage_pinned: List[bool] = []
-    storage_tensors: List[List[int]] = []
-    handle: Dict[str, int] = {}  # live handle -> tensor
-
-    def add_op(kind, name, line, cost, inputs, specs) -> List[int]:
-        """specs: per output, ("fresh", size) or ("view", input tensor)."""
-        k = len(op_cost)
-        outs, fresh, alloc = [], [], 0
-        for sp, arg in specs:
-            t = len(tensor_op)
-            if sp == "fresh":
-                s = len(storage_size)
-                storage_size.append(int(arg))
-                storage_op.append(k)
-                storage_pinned.append(kind == "constant")
-                storage_tensors.append([])
-                fresh.append(s)
-                alloc += int(arg)
-            else:
-                s = tensor_storage[arg]
-            tensor_op.append(k)
-            tensor_storage.append(s)
-            tensor_view.append(sp == "view")
-            storage_tensors[s].append(t)
-            outs.append(t)
-        op_kind.append(kind)
-        op_name.append(name)
-        op_line.append(line)
-        op_cost.append(float(cost))
-        op_inputs.append(tuple(inputs))
-        op_outputs.append(tuple(outs))
-        op_fresh.append(tuple(fresh))
-        op_alloc.append(alloc)
-        return outs
-
-    for r in log.records():
-        if r.kind == "constant":
-            (t,) = add_op("constant", "constant", r.line, 0.0, (), [("fresh", r.sizes[0])])
-            handle[r.outputs[0]] = t
-        elif r.kind == "call":
-            ins = [handle[h] for h in r.inputs]
-            specs = [("fresh", size) if a is None else ("view", handle[a]) for size, a in zip(r.sizes, r.aliases)]
-            outs = add_op("call", r.name or "call", r.line, r.cost, ins, specs)
-            for h, t in zip(r.outputs, outs):
-                handle[h] = t
-        elif r.kind == "mutate":
-            ins = [handle[h] for h in r.inputs]
-            specs = [("fresh", storage_size[tensor_storage[handle[h]]]) for h in r.mutated]
-            outs = add_op("mutate", r.name or "mutate", r.line, r.cost, ins, specs)
-            for h, t in zip(r.mutated, outs):
-                handle[h] = t
-        elif r.kind in ("copy", "copyfrom"):
-            handle[r.outputs[0]] = handle[r.inputs[0]]
-        elif r.kind == "release":
-            handle.pop(r.inputs[0], None)
-    wanted = tuple(sorted(set(handle.values())))
-    return Graph(
-        name=str(log.path), cost_unit=log.cost_unit, op_kind=tuple(op_kind), op_name=tuple(op_name),
-        op_line=tuple(op_line), op_cost=tuple(op_cost), op_inputs=tuple(op_inputs), op_outputs=tuple(op_outputs),
-        op_fresh=tuple(op_fresh), op_alloc=tuple(op_alloc), tensor_op=tuple(tensor_op),
-        tensor_storage=tuple(tensor_storage), tensor_view=tuple(tensor_view), storage_size=tuple(storage_size),
-        storage_op=tuple(storage_op), storage_pinned=tuple(storage_pinned),
-        storage_tensors=tuple(tuple(x) for x in storage_tensors), wanted=wanted)
+    b = _Builder(str(log.path), free_dead_constants=log_semantics(log)["free_dead_constants"])
+    for b.instr, r in enumerate(log.records()):
+        b.record(r)
+    return b.graph(str(log.path), log.cost_unit)
 
 
 # Note [Collapsing views for planners]
@@ -195,8 +420,15 @@ def graph_from_log(log) -> Graph:
 # fresh and view outputs, or a view of several storages, cannot be folded:
 # the planning graph is then refused (PlanGraphError) and the planners report
 # ``n/a``; the published logs have neither (tests/test_stress's random logs
-# do). A mutate is an ordinary node (it allocates a fresh copy). Every node is computed at least once, in the
-# log's order for its first computation (the planners' order).
+# do). An operator without outputs (an in-place write of a constant such as
+# a step counter's ``add_``, or a view nobody keeps) allocates nothing and is
+# folded into the latest node it reads, reading the others' storages as that
+# node's inputs; one that reads nothing folds into the node before it. A
+# mutate, and an in-place write's new versions, are ordinary nodes (fresh
+# storages; the planners keep the old version until its last use, which is
+# valid and only costs memory: Note [In-place writes in a schedule] in
+# dtr.sim.schedule). Every node is computed at least once, in the log's
+# order for its first computation (the planners' order).
 
 
 class PlanGraphError(DtrError):
@@ -268,6 +500,17 @@ def plan_graph(g: Graph) -> PlanGraph:
         outs = g.op_outputs[k]
         views = [g.tensor_view[t] for t in outs]
         in_nodes = {node_of_storage[g.tensor_storage[t]] for t in g.op_inputs[k]}
+        if not outs:
+            if not in_nodes and not cost:
+                raise PlanGraphError(f"{g.name}:{g.op_line[k]}: an operator without inputs or outputs "
+                                     f"before any other cannot be planned")
+            n = max(in_nodes) if in_nodes else len(cost) - 1
+            ops[n].append(k)
+            cost[n] += g.op_cost[k]
+            others = in_nodes - {n}
+            deps[n].update(others)
+            reads[n].update(s for s in (g.tensor_storage[t] for t in g.op_inputs[k]) if node_of_storage[s] != n)
+            continue
         if all(views):
             if len(in_nodes) != 1:
                 raise PlanGraphError(f"{g.name}:{g.op_line[k]}: a view of several storages cannot be planned")

@@ -28,8 +28,11 @@ class Record(NamedTuple):
     ``kind`` is one of :data:`KINDS`. For ``call``: ``outputs = name(inputs)``,
     ``sizes[i]`` bytes per output and ``aliases[i]`` the input id output i views
     (None when it owns a new storage). For ``mutate``: ``mutated`` lists the
-    input ids written. ``copy``/``copyfrom``: ``outputs[0] = inputs[0]``.
-    ``release``/``constant``: the id is ``inputs[0]`` / ``outputs[0]``.
+    input ids written; ``inplace`` tells a true in-place write (the core's
+    ``mutate_inplace``) from simrd's copy. A ``call`` with ``mutated`` also
+    writes those inputs in place (``inplace`` is then True). ``copy``/``copyfrom``:
+    ``outputs[0] = inputs[0]``. ``release``/``constant``/``pin``/``protect``: the
+    id is ``inputs[0]`` / ``outputs[0]``.
     """
 
     kind: str
@@ -41,6 +44,7 @@ class Record(NamedTuple):
     sizes: Tuple[int, ...]
     aliases: Tuple[Optional[str], ...]
     mutated: Tuple[str, ...]
+    inplace: bool = False
 
 
 @dataclass(frozen=True)
@@ -73,13 +77,13 @@ class Log:
         """The instructions as typed :class:`Record` s, in order."""
         ids = self.program.handle_names
         names = self.program.names
-        for kind, line, name, cost, ins, outs, sizes, aliases, mutated in self.program.records():
+        for kind, line, name, cost, ins, outs, sizes, aliases, mutated, inplace in self.program.records():
             in_ids = tuple(ids[h] for h in ins)
             yield Record(
                 kind=KINDS[kind], line=line, name=names[name] if name >= 0 else None, cost=cost,
                 inputs=in_ids, outputs=tuple(ids[h] for h in outs), sizes=tuple(sizes),
                 aliases=tuple(in_ids[a] if a >= 0 else None for a in aliases),
-                mutated=tuple(in_ids[j] for j in mutated))
+                mutated=tuple(in_ids[j] for j in mutated), inplace=bool(inplace))
 
 
 def read_bytes(path: str | os.PathLike) -> bytes:

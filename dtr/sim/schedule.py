@@ -56,9 +56,11 @@ class Evaluation:
     """The evaluator's verdict on one schedule.
 
     Attributes:
-        valid: every input resident when used, every operator computed at
-            least once, the wanted outputs resident at the end, only resident
-            non-constant storages freed, and (with a budget) peak <= budget.
+        valid: every input resident when used (or handed over in place),
+            every operator computed at least once, the wanted outputs resident
+            at the end, only resident storages freed (no constant the log
+            keeps, and no freed constant recomputed), and (with a budget)
+            peak <= budget.
         error: why it is not valid (None when valid); names the step.
         peak_bytes: the peak memory (up to the failing step when invalid).
         total_compute: the sum of the costs of the computed operators.
@@ -87,18 +89,36 @@ class Evaluation:
 # The evaluator follows the simulator's core exactly, so that DTR's decisions
 # frozen into a schedule give the simulator's figures:
 # - memory counts resident storages (views are 0 bytes; constants count once
-#   their operator ran, and may never be freed);
+#   their operator ran);
 # - ``compute OP`` needs every input tensor *defined*: its storage resident
 #   and, for a view, its view operator run since the storage last came back
-#   (freeing a storage undefines all its tensors). The operator's whole
+#   (freeing a storage undefines all its tensors), or handed over to OP in
+#   place (Note [In-place writes in a schedule]). The operator's whole
 #   fresh output size is allocated at once, on top of what is resident (this
 #   is the step's transient peak); outputs whose storage was already resident
 #   are then freed again (a recomputation duplicates them only transiently);
-# - ``free S`` needs S resident and not a constant;
+# - ``free S`` needs S resident. A constant may be freed only if the log
+#   drops it (none of its tensors is wanted: the runtime frees a constant
+#   whose last reference dies), and it never comes back: computing its
+#   operator again is an error (a weight cannot be recomputed);
 # - at the end every wanted tensor (still referenced when the log ends) must
 #   be defined, and every operator must have been computed at least once (a
 #   planner may not skip the log's work);
 # - total compute is the sum of the costs of all compute steps.
+
+# Note [In-place writes in a schedule]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# An in-place write (``x.relu_()``) computes a new version of the written
+# storage from the old one (Graph.op_overwrites). The core runs it in place
+# the first time: the old version is evicted and the new one takes over its
+# bytes, so the write needs no extra memory (a recomputation later runs out
+# of place, reading a resident old version). A schedule says the same with
+# ``free OLD`` right before ``compute OP``: a storage that OP overwrites and
+# that was freed by the free steps since the previous compute step is handed
+# over to OP, whose inputs on it count as defined if they were when it was
+# freed. The accounting is the core's: the old bytes go, then OP allocates
+# its outputs. A schedule that keeps the old version resident until after OP
+# (as the planners do) is valid too; it only peaks higher.
 
 
 def evaluate(graph: Graph, steps: Iterable[Step], budget: Optional[int] = None) -> Evaluation:
@@ -123,6 +143,11 @@ def evaluate(graph: Graph, steps: Iterable[Step], budget: Optional[int] = None) 
     error: Optional[str] = None
     op_inputs, op_alloc, op_fresh, op_outputs, op_cost = g.op_inputs, g.op_alloc, g.op_fresh, g.op_outputs, g.op_cost
     size, st_tensors, pinned = g.storage_size, g.storage_tensors, g.storage_pinned
+    overwrites = g.op_overwrites
+    overwritten = {s for ss in overwrites for s in ss}
+    kept = {g.tensor_storage[t] for t in g.wanted}
+    gone = bytearray(n_st)  # constants freed (never back)
+    handed: dict = {}  # storage freed since the last compute step -> its tensors defined then
     for i, (kind, x) in enumerate(steps):
         if kind == COMPUTE:
             if not (isinstance(x, int) and 0 <= x < n_ops):
@@ -131,11 +156,21 @@ def evaluate(graph: Graph, steps: Iterable[Step], budget: Optional[int] = None) 
             for t in op_inputs[x]:
                 if not defined[t]:
                     s = g.tensor_storage[t]
+                    if s in handed and t in handed[s] and s in overwrites[x]:
+                        continue  # overwritten in place
                     error = (f"step {i}: compute op {x} ({g.op_name[x]}, log line {g.op_line[x]}): input tensor "
                              f"{t} (storage {s}) is not resident")
                     break
             if error:
                 break
+            for s in op_fresh[x]:
+                if gone[s]:
+                    error = (f"step {i}: compute op {x} (log line {g.op_line[x]}): constant storage {s} was freed "
+                             f"and cannot be brought back")
+                    break
+            if error:
+                break
+            handed.clear()
             mem += op_alloc[x]
             if mem > peak:
                 peak = mem
@@ -159,8 +194,12 @@ def evaluate(graph: Graph, steps: Iterable[Step], budget: Optional[int] = None) 
                 error = f"step {i}: free storage {x}: not resident"
                 break
             if pinned[x]:
-                error = f"step {i}: free storage {x}: a constant cannot be freed"
-                break
+                if x in kept:
+                    error = f"step {i}: free storage {x}: a constant the log keeps cannot be freed"
+                    break
+                gone[x] = 1
+            if x in overwritten:
+                handed[x] = {t for t in st_tensors[x] if defined[t]}
             resident[x] = 0
             mem -= size[x]
             for t in st_tensors[x]:
@@ -192,7 +231,10 @@ def sequence_steps(pg: PlanGraph, seq: Sequence[int]) -> List[Step]:
     Returns ``(COMPUTE, node)`` and ``(FREE, storage)`` steps (exact storage
     ids; :func:`expand` turns the node computes into operators). A use reads
     the latest computation of the node before it. The last computation of a
-    wanted storage and every computation of a constant are kept.
+    wanted storage is kept, and so is a constant unless the log drops it
+    (freed after its last use, at its node's last computation). An old
+    version whose last use is the in-place write that overwrites it is freed
+    right before the write, which then runs in place (Note [Planned frees]).
 
     Raises:
         ScheduleError: a node is used before any computation of it.
@@ -214,18 +256,49 @@ def sequence_steps(pg: PlanGraph, seq: Sequence[int]) -> List[Step]:
         q = latest[owner[s]]
         if q >= 0:
             last_use[q][s] = keep
+    in_place = _in_place_frees(pg)
     frees: List[List[int]] = [[] for _ in range(len(seq))]
+    before: List[List[int]] = [[] for _ in range(len(seq))]
     for p, v in enumerate(seq):
-        if pg.pinned[v]:
+        if pg.pinned[v] and p != latest[v]:
             continue
         for s, u in last_use[p].items():
             if u < keep:
-                frees[u].append(s)
+                (before if s in in_place[seq[u]] else frees)[u].append(s)
     steps: List[Step] = []
     for p, v in enumerate(seq):
+        steps.extend((FREE, s) for s in before[p])
         steps.append((COMPUTE, v))
         steps.extend((FREE, s) for s in frees[p])
     return steps
+
+
+# Note [Planned frees]
+# ~~~~~~~~~~~~~~~~~~~~
+# sequence_steps frees every storage after its last use, as the log's own
+# program would, with two refinements that make the planners' schedules as
+# frugal as the runtime's on the runtime's logs: a constant the log drops
+# (none of its tensors wanted: an input or an old gradient) is freed after its
+# last use too, once its node will not be computed again (a freed constant
+# never comes back); and an old version whose last use is the in-place write
+# that overwrites it is freed right before the write, which then runs in
+# place (Note [In-place writes in a schedule]), as the core does. The
+# planners' own memory models do not count either saving (they treat the
+# constants as always resident and the write as out of place), so their plans
+# are, if anything, below the budget they aimed for.
+
+
+def _in_place_frees(pg: PlanGraph) -> List[frozenset]:
+    """Per node, the storages its first operator overwrites in place and no later operator of it reads."""
+    g = pg.graph
+    overwrites = g.op_overwrites
+    out: List[frozenset] = []
+    for ops in pg.ops:
+        ss = set(overwrites[ops[0]])
+        for k in ops[1:]:
+            ss.difference_update(g.tensor_storage[t] for t in g.op_inputs[k])
+        out.append(frozenset(ss))
+    return out
 
 
 def sequence_profile(pg: PlanGraph, steps: Sequence[Step]) -> Tuple[int, float]:
