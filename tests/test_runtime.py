@@ -202,17 +202,19 @@ RSS_SCRIPT = textwrap.dedent("""
     from runtime_models import mlp, constant_bytes
     torch.manual_seed(0)
     torch.set_num_threads(1)
-    model, x, y = mlp(width=512, depth=8, p=0.0), torch.randn(4096, 512), torch.randint(0, 10, (4096,))
-    def step():
-        model.zero_grad(set_to_none=True)
-        F.cross_entropy(model(x), y).backward()
+    mode, limit, keep_grads, width, batch = sys.argv[1], sys.argv[2], sys.argv[3] == '1', *map(int, sys.argv[4:])
+    model = mlp(width=width, depth=8, p=0.0)
+    x, y = torch.randn(batch, width), torch.randint(0, 10, (batch,))
     def rss():
         d = dict(l.split(':', 1) for l in open('/proc/self/status'))
         return int(d['VmHWM'].split()[0]) * 1024, int(d['VmRSS'].split()[0]) * 1024
-    mode, limit = sys.argv[1], sys.argv[2]
+    def step():
+        model.zero_grad(set_to_none=not keep_grads)
+        F.cross_entropy(model(x), y).backward()
     step()  # warm up allocator and kernels; grads exist from now on
     with dtr.budget(None):
         step()  # warm up the dispatch machinery (its first use imports torch._dynamo: ~60 MB of RSS)
+        # (and, as any earlier block, tell the next one what is resident: the weights and grads)
     open('/proc/self/clear_refs', 'w').write('5')
     base = rss()[1]
     if mode == 'plain':
@@ -226,8 +228,15 @@ RSS_SCRIPT = textwrap.dedent("""
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/clear_refs"), reason="needs Linux /proc for VmHWM")
-def test_budget_holds_by_rss_high_water_mark(tmp_path):
-    """An independent measurement: the process's peak RSS during the step."""
+@pytest.mark.parametrize("keep_grads,width,batch", [(False, 512, 4096), (True, 1024, 1024)],
+                         ids=["grads-set-to-none", "grads-kept"])
+def test_budget_holds_by_rss_high_water_mark(tmp_path, keep_grads, width, batch):
+    """An independent measurement: the process's peak RSS during the step.
+
+    With gradients kept across steps (zeroed in place), the forward runs while
+    they are resident but before the step touches them: the budget must count
+    them from the start (Note [Constants from earlier blocks]).
+    """
     script = tmp_path / "rss.py"
     script.write_text(RSS_SCRIPT.format(tests=os.path.dirname(__file__)))
     env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536", OMP_NUM_THREADS="1")
@@ -237,18 +246,48 @@ def test_budget_holds_by_rss_high_water_mark(tmp_path):
         assert p.returncode == 0, p.stderr
         return json.loads(p.stdout)
 
-    plain = run("plain", "0")["increase"]
+    shape = (str(int(keep_grads)), str(width), str(batch))
+    plain = run("plain", "0", *shape)["increase"]
     # Above the tensors that exist before the step (weights, input, grads),
     # give dtr half of the plain step's measured increase.
     torch.manual_seed(0)
-    model = mlp(width=512, depth=8, p=0.0)
-    x, y = torch.randn(4096, 512), torch.randint(0, 10, (4096,))
-    const = constant_bytes(model, x, y) + sum(p.numel() * 4 for p in model.parameters())  # + grads
+    model = mlp(width=width, depth=8, p=0.0)
+    x, y = torch.randn(batch, width), torch.randint(0, 10, (batch,))
+    grads = sum(p.numel() * 4 for p in model.parameters())
+    const = constant_bytes(model, x, y) + grads
     limit = const + int(0.5 * plain)
-    got = run("dtr", str(limit))
-    one_op = 2 * 4096 * 512 * 4  # one recomputed output and its copy (documented slack)
+    got = run("dtr", str(limit), *shape)
+    one_op = batch * width * 4  # one op's output (documented slack)
+    if keep_grads:
+        assert grads > one_op  # counting them only from the backward on would show
     assert got["stats"]["evictions"] > 0
     assert got["increase"] <= int(0.5 * plain) + one_op, (got["increase"], plain)
+
+
+def test_a_block_counts_what_earlier_blocks_touched_from_its_first_op():
+    """Note [Constants from earlier blocks]: resident weights and grads count before the step touches them."""
+    torch.manual_seed(0)
+    model, x, y = MODELS["mlp"]()
+    with dtr.budget(None, cost_model="flops"):
+        train_step(model, x, y)
+    weights = sum(p.numel() * 4 for p in model.parameters())
+    held = torch.randn(1000)  # never seen by a block: not counted
+    dropped = torch.ones(5000)
+    with dtr.budget(None, cost_model="flops"):
+        dropped.sum()
+    del dropped
+    with dtr.budget(None, cost_model="flops") as b:
+        torch.ones(3).sum()  # touches nothing of the model's
+        seen = b.stats["memory_bytes"]
+    assert seen >= 2 * weights + x.numel() * 4  # weights and grads, and the batch
+    assert seen < 2 * weights + x.numel() * 4 + y.numel() * 8 + 4 * (held.numel() + 5000)
+    with pytest.raises(RuntimeError):  # a failed block carries nothing over
+        with dtr.budget(None, cost_model="flops"):
+            (model[0].weight * 2).sum()
+            raise RuntimeError("boom")
+    with dtr.budget(None, cost_model="flops") as b:
+        torch.ones(3).sum()
+        assert b.stats["memory_bytes"] < 1024
 
 
 def test_escaped_memory_is_never_evicted():

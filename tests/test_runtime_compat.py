@@ -237,9 +237,7 @@ def train_one(model, opt, data, step):
 def step_limit(model, data):
     """Half of one step's activations, on top of constants, grads and momentum buffers.
 
-    The constants counted are the parameters and every batch, of which a block
-    around one step tracks only its own: one block around all steps has less
-    room for activations at the same limit.
+    The constants counted are the parameters and one batch (see block_limit).
     """
     const = constant_bytes(model, *[t for xy in data for t in xy])
     m = copy.deepcopy(model)
@@ -250,10 +248,11 @@ def step_limit(model, data):
 
 
 def block_limit(model, data):
-    """step_limit plus the batches a block around all steps holds besides its own.
+    """step_limit plus the batches a training loop holds besides the current one.
 
-    One block tracks every batch it has seen as a constant (three more than a
-    block per step sees); with their bytes it gets the same room for activations.
+    One block around all steps tracks every batch it has seen as a constant; so
+    does one block per step, which counts from its start what earlier blocks
+    touched and the program still holds (Note [Constants from earlier blocks]).
     """
     return step_limit(model, data) + constant_bytes(None, *[t for xy in data[1:] for t in xy])
 
@@ -261,7 +260,7 @@ def block_limit(model, data):
 @pytest.mark.parametrize("one_with", [True, False], ids=["one-with-around-all", "one-with-per-step"])
 def test_fifty_steps_exact_and_bounded_memory(one_with):
     model, opt, data = make_training()
-    limit = block_limit(model, data) if one_with else step_limit(model, data)
+    limit = block_limit(model, data)
     losses, params, memory, budgets = [], [], [], []
 
     def record(loss):

@@ -101,6 +101,8 @@ class Budget:
                 with _disable_current_modes():
                     mode.finish()  # every tensor the program still holds is resident again
         finally:
+            if exc_type is None:
+                mode.carry_out()  # see Note [Constants from earlier blocks] in mode.py
             self._final = self._collect()
             if mode.recorder is not None:
                 mode.recorder.close()
@@ -122,9 +124,12 @@ def budget(limit: Union[None, int, str], *, heuristic: Union[str, Heuristic] = "
 
     Every tensor storage the block touches on the device counts (parameters,
     inputs, activations, gradients, optimizer state); tensors that existed
-    before the block are constants (counted, never evicted). When an op would
-    exceed the budget, dtr evicts the storages the heuristic ranks cheapest and
-    recomputes them when they are needed again.
+    before the block are constants (counted, never evicted), from the first op
+    that touches them, or from the block's first op if an earlier block on the
+    device (that ended normally) touched them and they are still alive: like a
+    device memory cap, a step's forward counts the gradients of the last step.
+    When an op would exceed the budget, dtr evicts the storages the heuristic
+    ranks cheapest and recomputes them when they are needed again.
 
     Args:
         limit: bytes, a string such as ``"6GiB"`` or ``"500MB"`` (KiB/MiB/GiB
