@@ -235,7 +235,8 @@ def worker(spec: dict) -> dict:
             loss = loss_fn(model, *inputs, checkpoint=(variant == "ckpt"))
             loss.backward()
         else:
-            with dtr.budget(limit, cost_model="time", heuristic=spec.get("heuristic", "eqclass")) as b:
+            with dtr.budget(limit, cost_model=spec.get("cost_model", "time"),
+                            heuristic=spec.get("heuristic", "eqclass")) as b:
                 loss = loss_fn(model, *inputs)
                 loss.backward()
             stats = b.stats
@@ -317,13 +318,15 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--models", default="gpt,cnn,treelstm")
-    ap.add_argument("--fracs", default="0.5,0.35,0.2,0.15", help="budget fractions f of P for the GPT")
+    ap.add_argument("--fracs", default="0.5,0.35,0.25,0.2", help="budget fractions f of P for the GPT")
     ap.add_argument("--fracs-other", default="0.7,0.5,0.4", help="budget fractions f of P for the CNN and TreeLSTM")
     ap.add_argument("--calib", type=int, default=2, help="plain runs to calibrate P (the plain peak increase)")
     ap.add_argument("--timeout", type=float, default=240.0, help="per worker, seconds")
     ap.add_argument("--smoke", action="store_true", help="small sizes, 1 round: validates the harness")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--heuristic", default="eqclass", help="the heuristic of every dtr.budget variant")
+    ap.add_argument("--cost-model", default="time", choices=("time", "flops"),
+                    help="the cost model of every dtr.budget variant")
     ap.add_argument("--dtr-path", default=None,
                     help="import dtr from this directory in the workers (a frozen copy containing dtr/)")
     ap.add_argument("--dtr-version", default=None, help="a label for the dtr version, quoted in the report")
@@ -347,7 +350,8 @@ def main() -> None:
 
     def spec(model, variant, limit=None):
         return {"model": model, "variant": variant, "limit": limit, "cfg": SIZES[model][1 if a.smoke else 0],
-                "threads": a.threads, "steps": a.steps, "warmup": a.warmup, "heuristic": a.heuristic}
+                "threads": a.threads, "steps": a.steps, "warmup": a.warmup, "heuristic": a.heuristic,
+                "cost_model": a.cost_model}
 
     # 1. Calibration: the plain step's peak increase P and the constants C.
     calib = {}
@@ -451,7 +455,7 @@ def render(a, models, fracs, calib, results, elapsed, load_start) -> str:
          f"{a.threads} torch/OMP thread(s), `MALLOC_MMAP_THRESHOLD_=65536`; {a.rounds} round(s)"
          f"{f' ({a.slow_rounds} for the budgeted variants of slow models)' if a.slow_rounds is not None else ''}, "
          f"{a.warmup} warm-up + {a.steps} measured step(s) per fresh worker process; heuristic {a.heuristic}, "
-         f"cost model time; "
+         f"cost model {a.cost_model}; "
          f"dtr {a.dtr_version or _git_head()}{' (imported from a frozen copy)' if a.dtr_path else ''}; "
          f"a variant that failed in its first two rounds is not repeated; "
          f"load average {load_start[0]:.2f} at the start, {os.getloadavg()[0]:.2f} at the end; "

@@ -90,6 +90,7 @@ PYBIND11_MODULE(_C, m) {
       .def_readwrite("sample", &Config::sample)
       .def_readwrite("free_dead_constants", &Config::free_dead_constants)
       .def_readwrite("keep_needed", &Config::keep_needed)
+      .def_readwrite("eqclass_split", &Config::eqclass_split)
       .def_readwrite("remat_limit", &Config::remat_limit);
 
   py::class_<Core>(m, "Core")

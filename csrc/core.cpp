@@ -60,6 +60,8 @@ int Core::new_op(const std::vector<int>& inputs, const std::vector<int64_t>& siz
       s.ops.push_back(op_id);
       s.cost += cost;
       s.full_dirty = true;
+      // (An alias output on an evicted storage: an exact component's value follows.)
+      if (cfg_.eqclass_split && s.uf >= 0) uf_[uf_find(s.uf)].value += cost;
     }
     for (int u : inputs) {
       int su = tensors_[u].storage;
@@ -68,6 +70,9 @@ int Core::new_op(const std::vector<int>& inputs, const std::vector<int64_t>& siz
       storages_[su].dependents.push_back(sid);
       if (storages_[su].uf >= 0) s.uf_nbrs += 1;
       if (s.uf >= 0) storages_[su].uf_nbrs += 1;
+      // An alias output adds edges to an existing storage, which may be evicted
+      // with its new dependency: exact components join (simrd's do not).
+      if (cfg_.eqclass_split && s.uf >= 0 && storages_[su].uf >= 0) uf_merge(s.uf, storages_[su].uf);
     }
     op.outputs.push_back(tid);
   }
@@ -378,6 +383,7 @@ std::pair<std::vector<int>, std::vector<int>> Core::collect() {
   std::vector<char> marked(storages_.size());
   for (size_t s = 0; s < storages_.size(); ++s) marked[s] = storages_[s].mark == mark;
   std::pair<std::vector<int>, std::vector<int>> out;
+  std::vector<int> leaving;  // evicted storages leaving their components (split all at once)
   for (size_t s = 0; s < storages_.size(); ++s) {
     const Storage& st = storages_[s];
     if (st.collected || marked[s]) continue;
@@ -388,9 +394,10 @@ std::pair<std::vector<int>, std::vector<int>> Core::collect() {
       storages_[s].pinned = false;
       storages_[s].locks = 0;
     }
-    drop_garbage(int(s));
+    drop_garbage(int(s), cfg_.eqclass_split ? &leaving : nullptr);
     out.second.push_back(int(s));
   }
+  uf_leave_all(leaving);
   for (size_t o = 0; o < ops_.size(); ++o) {
     Op& op = ops_[o];
     if (op.collected) continue;
@@ -407,7 +414,7 @@ std::pair<std::vector<int>, std::vector<int>> Core::collect() {
   return out;
 }
 
-void Core::drop_garbage(int sid) {
+void Core::drop_garbage(int sid, std::vector<int>* leaving) {
   Storage& s = storages_[sid];
   s.collected = true;
   num_collected_ += 1;
@@ -421,10 +428,8 @@ void Core::drop_garbage(int sid) {
     for (int t : s.tensors) tensors_[t].defined = false;
     c_.eager_evictions += 1;
   } else if (s.uf >= 0) {
-    const int r = uf_find(s.uf);
-    uf_[r].value -= s.cost;
-    s.uf = -1;
-    count_uf_nbrs(sid, -1);
+    if (leaving) leaving->push_back(sid);  // the caller splits its component
+    else uf_leave(sid);
   }
   s.banished = true;
   if (cfg_.cost == CostMode::Full) dirty_frontier(sid);
@@ -837,12 +842,7 @@ void Core::compute(int t, bool remat) {
 
 void Core::after_remat(int sid) {
   Storage& s = storages_[sid];
-  if (s.uf >= 0) {
-    int r = uf_find(s.uf);
-    uf_[r].value -= s.cost;  // simrd's splitting over-approximation
-    s.uf = -1;
-    count_uf_nbrs(sid, -1);
-  }
+  uf_leave(sid);
   if (cfg_.cost == CostMode::Full) dirty_frontier(sid);
   s.full_dirty = true;
 }
@@ -1007,6 +1007,9 @@ void Core::banish(int sid) {
   }
   s.banished = true;
   c_.banishments += 1;
+  // Nothing recomputes a banished storage: exact components drop it (simrd's
+  // keep its cost, and only stop merging through it).
+  if (cfg_.eqclass_split && s.uf >= 0) uf_leave(sid);
   // Its dependents can never be recomputed again: they become constants.
   for (int d : s.dependents) {
     Storage& ds = storages_[d];
@@ -1046,6 +1049,202 @@ void Core::uf_merge(int a, int b) {
 void Core::count_uf_nbrs(int sid, int delta) {
   for (int n : storages_[sid].deps) storages_[n].uf_nbrs += delta;
   for (int n : storages_[sid].dependents) storages_[n].uf_nbrs += delta;
+}
+
+// Note [Splitting eqclass components]
+// eqclass approximates e*(S), the cost of the evicted storages joined to S
+// through evicted storages, by union-find components: a storage evicted next
+// to evicted neighbours joins their components (evict()), and e*(S) is the sum
+// of the values of the components next to S. Union-find cannot split: when a
+// member leaves (it is rematerialized, collected or banished), simrd only
+// subtracts its cost from the component's value, so the evicted storages on
+// both sides of a storage that is resident again keep counting each other's
+// cost. In a long evicted region (an unrolled recurrence, a finished backward)
+// this over-approximation grows with every recomputation in it.
+//
+// With Config::eqclass_split the components are exact: they are the connected
+// components of the graph of evicted storages (the storages with a node; its
+// edges are deps/dependents), and each root's value is the sum of its
+// members' costs. Every member owns its node. A member x leaves through
+// uf_leave():
+//  * if at most one neighbour edge of x leads to a member (uf_nbrs <= 1), x is
+//    a leaf of its component, removing it disconnects nothing, and subtracting
+//    its cost is exact: O(1). This is the common case: a chain recomputed from
+//    its resident end.
+//  * otherwise one search starts from each distinct member neighbour of x, and
+//    the searches run in lockstep, one storage at a time each. Searches that
+//    meet merge into a group; a group with nothing left to scan is a whole
+//    piece. Once at most one group is still searching, every finished group
+//    is a component of its own: its members get fresh nodes under a fresh
+//    root holding its sum (their old nodes may still be on the paths of the
+//    storages that stay, so they are left as they are). The group still
+//    searching is the rest of the old component and keeps the old root, whose
+//    value loses x's cost and the pieces split off. Each storage is scanned at
+//    most once, so a leave costs at most the component and its edges, and
+//    usually much less: about the number of searches times what the pieces
+//    split off (or the searches before they meet) hold.
+// collect() removes its garbage in one batch (uf_leave_all()): uf_rebuild()
+// walks each affected component once from the members next to the leavers and
+// gives each piece a root with its exact sum, rewiring every member's own node
+// to it (all the members of an affected component are rewired, so no path
+// through an old node is read again). Components only ever join through
+// evict() and through the edges a new alias output adds between two evicted
+// storages (new_op()), so they stay exact; compact() keeps them; new_op() and
+// change_cost() keep the values exact sums when a member's cost changes; a
+// banished member leaves. The scores are then those of e* over undirected
+// evicted paths (dtr's `full` follows directed ones). Without the flag the
+// core keeps simrd's behaviour, which the published experiments use.
+
+void Core::uf_leave(int sid) {
+  Storage& s = storages_[sid];
+  if (s.uf < 0) return;
+  const int root = uf_find(s.uf);
+  const double cost = s.cost;
+  const int nbr_edges = s.uf_nbrs;
+  s.uf = -1;
+  count_uf_nbrs(sid, -1);
+  if (!cfg_.eqclass_split || nbr_edges <= 1) {
+    uf_[root].value -= cost;  // simrd's splitting over-approximation (exact for a leaf)
+    return;
+  }
+  // One search per distinct member neighbour (a seed), run in lockstep, one
+  // storage at a time each; the label of a storage is base + its search.
+  const uint64_t base = stamp_ + 1;
+  stamp_ += uint64_t(nbr_edges);
+  std::vector<int> seeds;
+  for (int dir = 0; dir < 2; ++dir)
+    for (int n : dir == 0 ? storages_[sid].deps : storages_[sid].dependents) {
+      Storage& ns = storages_[n];
+      if (ns.uf < 0 || (ns.mark >= base && ns.mark < base + seeds.size())) continue;
+      ns.mark = base + seeds.size();
+      seeds.push_back(n);
+    }
+  const int k = int(seeds.size());
+  if (k <= 1) {
+    uf_[root].value -= cost;
+    return;
+  }
+  std::vector<std::vector<int>> stack(k), members(k);
+  std::vector<int> group(k);        // union-find over the searches: those that met
+  std::vector<int64_t> pending(k);  // per group (at its root): storages found, not yet scanned
+  std::vector<double> sum(k);       // per group: the costs of the storages found
+  for (int i = 0; i < k; ++i) {
+    stack[i].assign(1, seeds[i]);
+    members[i].assign(1, seeds[i]);
+    group[i] = i;
+    pending[i] = 1;
+    sum[i] = storages_[seeds[i]].cost;
+  }
+  auto gfind = [&](int i) {
+    while (group[i] != i) i = group[i] = group[group[i]];
+    return i;
+  };
+  int alive = k;  // groups with storages left to scan
+  while (alive > 1) {
+    for (int i = 0; i < k && alive > 1; ++i) {
+      if (stack[i].empty()) continue;
+      const int x = stack[i].back();
+      stack[i].pop_back();
+      int g = gfind(i);
+      pending[g] -= 1;
+      for (int dir = 0; dir < 2; ++dir)
+        for (int n : dir == 0 ? storages_[x].deps : storages_[x].dependents) {
+          Storage& ns = storages_[n];
+          c_.storage_accesses += 1;
+          if (ns.uf < 0) continue;
+          if (ns.mark >= base && ns.mark < base + uint64_t(k)) {
+            const int h = gfind(int(ns.mark - base));
+            if (h == g) continue;
+            if (pending[h] > 0) alive -= 1;  // two searches met: one group
+            group[h] = g;
+            pending[g] += pending[h];
+            sum[g] += sum[h];
+            continue;
+          }
+          ns.mark = base + uint64_t(i);
+          stack[i].push_back(n);
+          members[i].push_back(n);
+          pending[g] += 1;
+          sum[g] += ns.cost;
+        }
+      if (pending[g] == 0) alive -= 1;  // a whole piece: nothing more joins it
+    }
+  }
+  // The one group still searching (or, if none is, the last piece) keeps the
+  // old root, whose value loses the leaver and the pieces split off; every
+  // other group is a finished piece and gets fresh nodes (the old nodes of its
+  // members may still be on the paths of the storages that keep the root).
+  int keep = -1;
+  for (int i = 0; i < k; ++i)
+    if (gfind(i) == i && (keep < 0 || pending[i] > 0)) keep = i;
+  double split_off = 0;
+  std::vector<int> fresh_root(k, -1);
+  for (int i = 0; i < k; ++i) {
+    const int g = gfind(i);
+    if (g == keep) continue;
+    if (fresh_root[g] < 0) {
+      fresh_root[g] = int(uf_.size());
+      uf_.push_back(UFNode{fresh_root[g], sum[g]});
+      split_off += sum[g];
+    }
+    for (int m : members[i]) {
+      const int node = int(uf_.size());
+      uf_.push_back(UFNode{fresh_root[g], 0.0});
+      storages_[m].uf = node;
+    }
+  }
+  if (keep >= 0 && pending[keep] == 0) uf_[root].value = sum[keep];  // all pieces finished: exact sum
+  else uf_[root].value -= cost + split_off;
+}
+
+void Core::uf_leave_all(const std::vector<int>& sids) {
+  if (!cfg_.eqclass_split) {
+    for (int sid : sids) uf_leave(sid);
+    return;
+  }
+  std::vector<int> seeds;
+  for (int sid : sids) {
+    Storage& s = storages_[sid];
+    if (s.uf < 0) continue;
+    s.uf = -1;
+    count_uf_nbrs(sid, -1);
+  }
+  for (int sid : sids) {  // the members next to a leaver reach every member left in its component
+    for (int n : storages_[sid].deps)
+      if (storages_[n].uf >= 0) seeds.push_back(n);
+    for (int n : storages_[sid].dependents)
+      if (storages_[n].uf >= 0) seeds.push_back(n);
+  }
+  uf_rebuild(seeds);
+}
+
+void Core::uf_rebuild(const std::vector<int>& seeds) {
+  const uint64_t mark = ++stamp_;
+  std::vector<int> piece, stack;
+  for (int seed : seeds) {
+    if (storages_[seed].mark == mark) continue;  // in a piece already rebuilt
+    piece.clear();
+    storages_[seed].mark = mark;
+    stack.assign(1, seed);
+    double sum = 0;
+    while (!stack.empty()) {
+      const int x = stack.back();
+      stack.pop_back();
+      piece.push_back(x);
+      sum += storages_[x].cost;
+      for (int dir = 0; dir < 2; ++dir)
+        for (int n : dir == 0 ? storages_[x].deps : storages_[x].dependents) {
+          Storage& ns = storages_[n];
+          c_.storage_accesses += 1;
+          if (ns.uf < 0 || ns.mark == mark) continue;
+          ns.mark = mark;
+          stack.push_back(n);
+        }
+    }
+    const int root = storages_[seed].uf;
+    for (int m : piece) uf_[storages_[m].uf] = UFNode{root, 0.0};
+    uf_[root].value = sum;
+  }
 }
 
 double Core::eqclass_cost(int sid) {
@@ -1230,6 +1429,71 @@ void Core::check() const {
   if (cfg_.budget >= 0 && c_.memory > cfg_.budget) fail("memory above budget");
   for (size_t r = 0; r < uf_.size(); ++r)
     if (uf_[r].parent < 0 || uf_[r].parent >= int(uf_.size())) fail("union-find parent out of range");
+  {  // every evicted storage owns its node (splitting rewires a member's node)
+    std::vector<char> owned(uf_.size(), 0);
+    for (int sid = 0; sid < ns; ++sid) {
+      const int n = storages_[sid].uf;
+      if (n < 0) continue;
+      if (owned[n]) fail("storage " + std::to_string(sid) + " shares its eqclass node with another storage");
+      owned[n] = 1;
+    }
+  }
+  if (cfg_.cost == CostMode::EqClass && cfg_.eqclass_split) {
+    // Exact components (Note [Splitting eqclass components]): members are the
+    // storages with a node; each root's value is the sum of its members'
+    // costs; members joined by an edge share a root; and a root's members are
+    // connected (one walk from any of them reaches them all). O(storages + edges).
+    std::vector<int> root(storages_.size(), -1), count(uf_.size(), 0);
+    std::vector<double> sum(uf_.size(), 0.0);
+    double scale = 1.0;
+    for (int sid = 0; sid < ns; ++sid) {
+      const Storage& s = storages_[sid];
+      scale += std::abs(s.cost);
+      if (s.uf < 0) continue;
+      if (s.banished) fail("storage " + std::to_string(sid) + ": banished but in an eqclass component");
+      int r = s.uf, steps = 0;
+      while (uf_[r].parent != r) {
+        r = uf_[r].parent;
+        if (++steps > int(uf_.size())) fail("union-find cycle");
+      }
+      root[sid] = r;
+      count[r] += 1;
+      sum[r] += s.cost;
+    }
+    std::vector<char> seen(storages_.size(), 0);
+    std::vector<int> stack;
+    for (int sid = 0; sid < ns; ++sid) {
+      if (root[sid] < 0) continue;
+      for (int d : storages_[sid].deps)
+        if (root[d] >= 0 && root[d] != root[sid])
+          fail("storages " + std::to_string(sid) + " and " + std::to_string(d) +
+               " are evicted neighbours in different eqclass components");
+      if (seen[sid]) continue;
+      const int r = root[sid];
+      int reached = 0;
+      seen[sid] = 1;
+      stack.assign(1, sid);
+      while (!stack.empty()) {
+        const int x = stack.back();
+        stack.pop_back();
+        reached += 1;
+        for (int dir = 0; dir < 2; ++dir)
+          for (int n : dir == 0 ? storages_[x].deps : storages_[x].dependents)
+            if (root[n] >= 0 && !seen[n]) {
+              seen[n] = 1;
+              stack.push_back(n);
+            }
+      }
+      if (reached != count[r])
+        fail("eqclass component of storage " + std::to_string(sid) + " is not connected (" +
+             std::to_string(reached) + " of its " + std::to_string(count[r]) + " members reachable)");
+      // Values drift by rounding only (each member's cost was added and
+      // subtracted once per change): bound it by the total cost of the graph.
+      if (std::abs(uf_[r].value - sum[r]) > 1e-9 * scale)
+        fail("eqclass component of storage " + std::to_string(sid) + ": value " + std::to_string(uf_[r].value) +
+             " != sum of its members' costs " + std::to_string(sum[r]));
+    }
+  }
 }
 
 }  // namespace dtr

@@ -17,6 +17,9 @@
 //  * a storage is in the pool iff it is resident, unlocked and not pinned;
 //  * a defined tensor's storage is resident;
 //  * a storage with an eviction component node is evicted, and vice versa;
+//  * with Config::eqclass_split, the components are exactly the connected
+//    components of the evicted (not banished) storages, and each one's value is
+//    the sum of its members' costs;
 //  * refs(S) == sum of refs of its tensors;
 //  * a collected storage is evicted, banished and has no eqclass node; a
 //    collected op is never computed again (see Note [Collection and compaction]).
@@ -49,6 +52,7 @@ struct Config {
   bool free_dead_constants = false;  // free a constant when its last reference dies (after protect())
   double remat_limit = std::numeric_limits<double>::infinity();  // stop once remat compute passes it
   bool keep_needed = false;     // see Note [Freeing what an evicted tensor needs] in core.cpp
+  bool eqclass_split = false;   // eqclass: exact components (see Note [Splitting eqclass components] in core.cpp)
 };
 
 struct Counters {
@@ -298,7 +302,7 @@ class Core {
   int choose();
   void evict(int s, bool by_heuristic);
   void banish(int s);
-  void drop_garbage(int s);
+  void drop_garbage(int s, std::vector<int>* leaving = nullptr);
   int uf_root(int n) const;     // uf_find without path compression or counting
   void check_alive_input(int t, const char* what) const;
   void try_banish(int s);
@@ -316,6 +320,9 @@ class Core {
   void touch_parents(int op);
   void lock_inputs(int op);  // see Note [Ops without outputs] in core.cpp
   void count_uf_nbrs(int sid, int delta);
+  void uf_leave(int sid);
+  void uf_leave_all(const std::vector<int>& sids);
+  void uf_rebuild(const std::vector<int>& seeds);
   double change_cost(int op_id, double cost, bool in_progress);
 };
 

@@ -18,6 +18,7 @@ class Config:
     remat_limit: float
     free_dead_constants: bool  # free a constant when its last reference dies
     keep_needed: bool      # keep a released storage while an evicted, referenced dependent needs it
+    eqclass_split: bool    # eqclass: split components exactly when a member leaves (not simrd's)
     def __init__(self) -> None: ...
 
 class Core:

@@ -24,7 +24,7 @@ RawLogError = _C.LogError
 def make_config(heuristic: Heuristic | str = "eqclass", budget: Optional[int] = None, *,
                 banish: bool = False, seed: int = 0, sample: int = 0,
                 remat_limit: float = math.inf, free_dead_constants: bool = False,
-                keep_needed: bool = False) -> "_C.Config":
+                keep_needed: bool = False, eqclass_split: bool = False) -> "_C.Config":
     """Build the core's configuration.
 
     Args:
@@ -41,6 +41,9 @@ def make_config(heuristic: Heuristic | str = "eqclass", budget: Optional[int] = 
             evicted, referenced storage depends on it, and free rematerialized
             unreferenced storages once their dependents are back (the core's
             Note [Freeing what an evicted tensor needs]).
+        eqclass_split: split eqclass components exactly when a member leaves
+            (the core's Note [Splitting eqclass components]) even if the
+            heuristic's own ``split`` is not set (the runtime's default).
 
     Raises:
         ValueError: unknown heuristic name.
@@ -58,6 +61,7 @@ def make_config(heuristic: Heuristic | str = "eqclass", budget: Optional[int] = 
     cfg.remat_limit = remat_limit
     cfg.free_dead_constants = free_dead_constants
     cfg.keep_needed = keep_needed
+    cfg.eqclass_split = bool(h.split or eqclass_split)
     return cfg
 
 

@@ -4,9 +4,11 @@ Every heuristic is a point in simrd's parametric family
 ``h(S) = c(S) / (m(S) * stale(S))`` (simrd section 4.3): which cost term ``c``
 it uses (``full`` = exact evicted neighbourhood e*, ``eqclass`` = union-find
 evicted components, ``local`` = cost(S) alone, ``none`` = 1), and whether the
-size ``m`` and the staleness terms are used. ``random`` ignores scores. The C++
-core evaluates the formula; a heuristic here is only its parameters, so adding
-one is one small decorated class.
+size ``m`` and the staleness terms are used. ``eqclass-split`` is ``eqclass``
+whose components split exactly when a member is recomputed (simrd's never
+split; ``dtr.budget`` splits them for ``eqclass`` too, by default). ``random``
+ignores scores. The C++ core evaluates the formula; a heuristic here is only
+its parameters, so adding one is one small decorated class.
 """
 from __future__ import annotations
 
@@ -30,6 +32,9 @@ class Heuristic:
         use_size: divide by the storage's size.
         use_staleness: divide by the time since its last access.
         random: choose uniformly from the pool (seeded) instead.
+        split: with ``cost="eqclass"``, split a component exactly when a member
+            leaves it (the core's Note [Splitting eqclass components]) instead
+            of only subtracting the member's cost, as simrd does.
     """
 
     name: str
@@ -37,6 +42,7 @@ class Heuristic:
     use_size: bool = True
     use_staleness: bool = True
     random: bool = False
+    split: bool = False
 
     def ablate(self, *, cost: str | None = None, size: bool | None = None,
                staleness: bool | None = None) -> "Heuristic":
@@ -60,7 +66,8 @@ def register_heuristic(name: str) -> Callable[[type], type]:
     """Class decorator: register a heuristic whose class attributes give its parameters."""
 
     def wrap(cls: type) -> type:
-        fields = {k: getattr(cls, k) for k in ("cost", "use_size", "use_staleness", "random") if hasattr(cls, k)}
+        fields = {k: getattr(cls, k) for k in ("cost", "use_size", "use_staleness", "random", "split")
+                  if hasattr(cls, k)}
         if fields.get("cost", "eqclass") not in COST_MODES:
             raise ValueError(f"heuristic {name!r}: unknown cost term {fields['cost']!r}")
         _REGISTRY.add(name, Heuristic(name=name, **fields))
@@ -120,3 +127,16 @@ class Random:
     """A uniformly random evictable storage (seeded)."""
     cost = "none"
     random = True
+
+
+@register_heuristic("eqclass-split")
+class DTREqClassSplit:
+    """DTR-EqClass with exact components: a component splits when a member leaves it.
+
+    simrd's eqclass only subtracts a rematerialized storage's cost from its
+    component, so evicted storages on both sides of it keep counting each
+    other; here the component splits into the exact connected components of
+    what stays evicted (the core's Note [Splitting eqclass components]).
+    """
+    cost = "eqclass"
+    split = True

@@ -21,6 +21,7 @@ __all__ = ["RefCore", "RefOutOfBudget", "RefThrashing", "HEURISTICS"]
 HEURISTICS = {
     "dtr": ("full", True, True),
     "eqclass": ("eqclass", True, True),
+    "eqclass-split": ("eqclass-split", True, True),  # exact components, by brute force
     "local": ("local", True, True),
     "lru": ("none", False, True),
     "largest": ("none", True, False),
@@ -203,7 +204,7 @@ class RefCore:
         for i, s in enumerate(self.storages):
             assert s.locks == (1 if s.pinned else 0), f"storage {i}: locks held between ops"
             assert s.refs == sum(self.tensors[t].refs for t in s.tensors)
-            assert (s.node is not None) == (self.cost_mode == "eqclass" and s.computed and not s.resident)
+            assert (s.node is not None) == (self.cost_mode.startswith("eqclass") and s.computed and not s.resident)
             if s.resident:
                 assert not self.tensors[s.tensors[0]].is_alias and self.tensors[s.tensors[0]].defined
             else:
@@ -299,7 +300,7 @@ class RefCore:
             self.tensors[t].defined = False
         self.counters["evictions" if by_heuristic else "eager_evictions"] += 1
         self.evicted.append(s_id)
-        if self.cost_mode == "eqclass":
+        if self.cost_mode.startswith("eqclass"):  # (eqclass-split only reads whether there is a node)
             s.node = _Node(s.cost)
             for n_id in s.deps + s.dependents:
                 n = self.storages[n_id]
@@ -320,6 +321,18 @@ class RefCore:
                 if not any(r is q for q in roots):
                     roots.append(r)
         return sum(r.value for r in roots)
+
+    def split_cost(self, s_id: int) -> float:
+        """Exact eqclass: the costs of the storages with a node joined to S through storages with a node."""
+        seen: set = set()
+        stack = [s_id]
+        while stack:
+            x = self.storages[stack.pop()]
+            for y in x.deps + x.dependents:
+                if y not in seen and y != s_id and self.storages[y].node is not None:
+                    seen.add(y)
+                    stack.append(y)
+        return sum(self.storages[y].cost for y in sorted(seen))
 
     def _evicted(self, s_id: int) -> bool:
         s = self.storages[s_id]
@@ -355,6 +368,8 @@ class RefCore:
             c = s.cost
         elif self.cost_mode == "eqclass":
             c = s.cost + self.eqclass_cost(s_id)
+        elif self.cost_mode == "eqclass-split":
+            c = s.cost + self.split_cost(s_id)
         else:
             c = s.cost + self.full_cost(s_id)
         d = 1.0

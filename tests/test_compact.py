@@ -311,7 +311,7 @@ def run_twins(heuristic, seed, steps=250, **options):
 
 @pytest.mark.parametrize("options", [{}, {"free_dead_constants": True}, {"banish": True}, {"sample": 3}],
                          ids=["plain", "free-dead-constants", "banish", "sample"])
-@pytest.mark.parametrize("heuristic", ["dtr", "eqclass", "local", "lru", "largest", "random"])
+@pytest.mark.parametrize("heuristic", ["dtr", "eqclass", "eqclass-split", "local", "lru", "largest", "random"])
 def test_compaction_changes_no_decision(heuristic, options):
     ends, dropped, evictions, remats = {}, 0, 0, 0
     for seed in range(12):

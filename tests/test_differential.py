@@ -23,7 +23,7 @@ from dtr.errors import OutOfBudgetError, ThrashingError
 sys.path.insert(0, os.path.dirname(__file__))
 from reference_core import RefCore, RefOutOfBudget, RefThrashing  # noqa: E402
 
-HEURISTICS = ["dtr", "eqclass", "local", "lru", "largest"]
+HEURISTICS = ["dtr", "eqclass", "eqclass-split", "local", "lru", "largest"]
 COUNTERS = ["base_compute", "remat_compute", "evictions", "eager_evictions", "remats", "memory",
             "peak_memory", "heuristic_evals", "largest_op_bytes", "constant_bytes", "banishments"]
 

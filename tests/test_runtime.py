@@ -116,6 +116,7 @@ def test_recorded_log_replays_to_the_same_decisions(tmp_path, name, heuristic):
         train_step(model, x, y)
     meta = json.loads(path.read_text().splitlines()[0])
     assert meta["cost_unit"] == "flop"
+    assert meta["eqclass_split"] is True and meta["keep_needed"] is True  # the replay reads both
     r = replay(path, heuristic, limit, thrash_limit=float("inf"))
     assert r.status == "ok"
     assert (r.evictions, r.remats, r.peak_bytes) == (b.stats["evictions"], b.stats["remats"], b.stats["peak_bytes"])

@@ -55,7 +55,7 @@ def random_log(seed: int, steps: int = 200) -> str:
     return "\n".join(lines) + "\n"
 
 
-@pytest.mark.parametrize("heuristic", ["dtr", "eqclass", "local", "lru", "largest", "random"])
+@pytest.mark.parametrize("heuristic", ["dtr", "eqclass", "eqclass-split", "local", "lru", "largest", "random"])
 @pytest.mark.parametrize("banish,keep_needed", [(False, False), (True, False), (False, True)],
                          ids=["eager", "banish", "keep-needed"])
 def test_random_logs_keep_invariants(heuristic, banish, keep_needed):
@@ -81,3 +81,43 @@ def test_sampling_still_valid():
     base = replay(log, "eqclass", None)
     r = replay(log, "eqclass", int(base.peak_bytes * 0.6), sample=4, check=True, thrash_limit=10)
     assert r.status in ("ok", "oom", "thrash") and r.peak_bytes <= r.budget_bytes
+
+
+def with_collects(text: str, seed: int, every: int = 15) -> str:
+    """``text`` with the runtime's graph-GC instruction inserted at random points."""
+    rng = random.Random(f"collect/{seed}")
+    lines = text.splitlines()
+    out = lines[:1]
+    for line in lines[1:]:
+        out.append(line)
+        if rng.random() < 1 / every:
+            out.append(json.dumps({"op": "collect"}))
+    return "\n".join(out) + "\n"
+
+
+@pytest.mark.parametrize("banish,keep_needed", [(False, False), (True, False), (False, True)],
+                         ids=["eager", "banish", "keep-needed"])
+def test_eqclass_split_keeps_exact_components(banish, keep_needed):
+    # Exact eqclass components (the core's Note [Splitting eqclass components]):
+    # Core::check() after every instruction verifies that the components are
+    # the connected components of the evicted storages and that their values
+    # are the sums of their members' costs. Longer logs and tighter budgets
+    # than above make large components that split often; graph GC removes
+    # members in batches.
+    differ = 0
+    for seed in range(40):
+        log = parse_text(with_collects(random_log(seed, steps=400), seed), path=f"<random {seed}>")
+        base = replay(log, "eqclass-split", None, check=True, banish=banish, keep_needed=keep_needed)
+        for frac in (0.6, 0.4, 0.25):
+            budget = int(base.peak_bytes * frac)
+            kw = dict(thrash_limit=6, banish=banish, seed=seed, baseline_peak=base.peak_bytes,
+                      keep_needed=keep_needed)
+            r = replay(log, "eqclass-split", budget, check=True, **kw)
+            assert r.peak_bytes <= r.budget_bytes
+            plain = replay(log, "eqclass", budget, **kw)
+            differ += (r.evictions, r.remats, r.status) != (plain.evictions, plain.remats, plain.status)
+            # The runtime's switch (a log's meta line, or replay's override) is the same heuristic.
+            assert replay(log, "eqclass", budget, eqclass_split=True, **kw) == r.__class__(
+                **{**r.to_dict(), "heuristic": "eqclass", "thrash_limit": r.thrash_limit})
+    if not banish:  # (banishing leaves few evicted storages to join)
+        assert differ > 0  # splitting changes decisions on these logs

@@ -37,7 +37,8 @@ class Budget:
     def __init__(self, limit: Union[None, int, str], *, heuristic: Union[str, Heuristic] = "eqclass",
                  log: Optional[Union[str, os.PathLike]] = None, cost_model: str = "time",
                  thrash_limit: Optional[float] = 10.0, sample: int = 0, seed: int = 0,
-                 device: Optional[Union[str, torch.device]] = None, log_meta: Optional[dict] = None):
+                 device: Optional[Union[str, torch.device]] = None, log_meta: Optional[dict] = None,
+                 eqclass_split: bool = True):
         self.budget_bytes = None if limit is None else parse_bytes(limit)
         self.heuristic = get_heuristic(heuristic) if isinstance(heuristic, str) else heuristic
         self.cost_model = get_cost_model(cost_model)
@@ -46,7 +47,7 @@ class Budget:
         self.thrash_limit = thrash_limit
         self.log_path = log
         self.log_meta = dict(log_meta or {})
-        self._options = dict(sample=sample, seed=seed)
+        self._options = dict(sample=sample, seed=seed, eqclass_split=bool(eqclass_split))
         self._device = torch.device(device) if device is not None else None
         self._core: Optional[Core] = None
         self._mode: Optional[DTRMode] = None
@@ -86,7 +87,7 @@ class Budget:
             recorder = LogRecorder(self.log_path, {
                 **self.log_meta, "cost_unit": self.cost_model.unit, "budget_bytes": self.budget_bytes,
                 "heuristic": self.heuristic.name, "recorded_by": "dtr.budget", "free_dead_constants": True,
-                "keep_needed": True})
+                "keep_needed": True, "eqclass_split": self._options["eqclass_split"]})
         self._mode = DTRMode(self._core, self.cost_model, recorder, self.thrash_limit, self._device)
         self._restore_escapes = patch_escapes(self._mode.escape)
         self._mode.__enter__()
@@ -119,7 +120,8 @@ class Budget:
 def budget(limit: Union[None, int, str], *, heuristic: Union[str, Heuristic] = "eqclass",
            log: Optional[Union[str, os.PathLike]] = None, cost_model: str = "time",
            thrash_limit: Optional[float] = 10.0, sample: int = 0, seed: int = 0,
-           device: Optional[Union[str, torch.device]] = None, log_meta: Optional[dict] = None) -> Budget:
+           device: Optional[Union[str, torch.device]] = None, log_meta: Optional[dict] = None,
+           eqclass_split: bool = True) -> Budget:
     """Run the code in a ``with`` block within ``limit`` bytes of tensor memory.
 
     Every tensor storage the block touches on the device counts (parameters,
@@ -135,7 +137,7 @@ def budget(limit: Union[None, int, str], *, heuristic: Union[str, Heuristic] = "
         limit: bytes, a string such as ``"6GiB"`` or ``"500MB"`` (KiB/MiB/GiB
             1024-based, KB/MB/GB 1000-based), or None (no limit: track and record).
         heuristic: a registered heuristic name (``eqclass``, ``dtr``, ``local``,
-            ``lru``, ``largest``, ``random``) or a :class:`dtr.Heuristic`.
+            ``lru``, ``largest``, ``random``, ``eqclass-split``) or a :class:`dtr.Heuristic`.
         log: write the block's ops as a v1 log to this path (``.gz`` compresses).
         cost_model: ``"time"`` (measured op times, ns; on CUDA by events,
             without a synchronization per op: see dtr/runtime/timing.py) or
@@ -148,6 +150,11 @@ def budget(limit: Union[None, int, str], *, heuristic: Union[str, Heuristic] = "
             tensor seen).
         log_meta: extra JSON fields for the log's meta line (e.g. ``model``,
             ``batch``: the simulator's figures name them).
+        eqclass_split: with ``eqclass``, split an evicted-neighbourhood
+            component exactly when a storage in it comes back (the core's Note
+            [Splitting eqclass components]); False gives simrd's eqclass, which
+            only subtracts that storage's cost. Recorded in the log's meta line,
+            so that a replay makes the same decisions.
 
     Returns:
         A :class:`Budget`; ``with dtr.budget(...) as b: ...`` then ``b.stats``.
@@ -159,4 +166,4 @@ def budget(limit: Union[None, int, str], *, heuristic: Union[str, Heuristic] = "
         dtr.errors.BudgetError: ``limit`` is not a size.
     """
     return Budget(limit, heuristic=heuristic, log=log, cost_model=cost_model, thrash_limit=thrash_limit,
-                  sample=sample, seed=seed, device=device, log_meta=log_meta)
+                  sample=sample, seed=seed, device=device, log_meta=log_meta, eqclass_split=eqclass_split)

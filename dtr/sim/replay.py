@@ -105,13 +105,16 @@ def log_semantics(log: Log) -> dict:
 
     A log written by ``dtr.budget`` frees constants whose last reference dies
     and keeps a released storage while an evicted, referenced one needs it
-    (the core's Note [Freeing what an evicted tensor needs]); simrd's logs and
-    hand-written ones use neither, unless their meta line says so. Replaying
-    with the recorder's semantics is what makes a replay reproduce the
-    runtime's decisions.
+    (the core's Note [Freeing what an evicted tensor needs]), and, unless
+    recorded with ``eqclass_split=False``, its ``eqclass`` splits components
+    exactly (the core's Note [Splitting eqclass components]); simrd's logs
+    and hand-written ones use none of these, unless their meta line says so
+    (so ``eqclass`` on them is simrd's). Replaying with the recorder's
+    semantics is what makes a replay reproduce the runtime's decisions.
     """
     return {"free_dead_constants": bool(log.meta.get("free_dead_constants", False)),
-            "keep_needed": bool(log.meta.get("keep_needed", False))}
+            "keep_needed": bool(log.meta.get("keep_needed", False)),
+            "eqclass_split": bool(log.meta.get("eqclass_split", False))}
 
 
 def baseline(log: Log) -> dict:
@@ -122,7 +125,8 @@ def baseline(log: Log) -> dict:
 def replay(log: Union[Log, str, os.PathLike], heuristic: Union[Heuristic, str] = "eqclass",
            budget: BudgetSpec = None, *, thrash_limit: float = 3.0, banish: bool = False,
            seed: int = 0, sample: int = 0, check: bool = False,
-           baseline_peak: Optional[int] = None, keep_needed: Optional[bool] = None) -> ReplayResult:
+           baseline_peak: Optional[int] = None, keep_needed: Optional[bool] = None,
+           eqclass_split: Optional[bool] = None) -> ReplayResult:
     """Replay a log under a budget with one heuristic.
 
     Args:
@@ -138,6 +142,8 @@ def replay(log: Union[Log, str, os.PathLike], heuristic: Union[Heuristic, str] =
         baseline_peak: the log's peak without limit, if already known.
         keep_needed: override the log's own semantics (None: its meta line's;
             see :func:`log_semantics`).
+        eqclass_split: likewise for splitting eqclass components (a heuristic
+            whose ``split`` is set, such as ``eqclass-split``, always splits).
 
     Raises:
         LogFormatError: ``log`` is a path to a bad log.
@@ -153,6 +159,8 @@ def replay(log: Union[Log, str, os.PathLike], heuristic: Union[Heuristic, str] =
     semantics = log_semantics(log)
     if keep_needed is not None:
         semantics["keep_needed"] = keep_needed
+    if eqclass_split is not None:
+        semantics["eqclass_split"] = eqclass_split
     raw = replay_program(log.program, h, budget_bytes, thrash_limit=thrash_limit, check=check,
                          banish=banish, seed=seed, sample=sample, **semantics)
     base = raw["base_total"]
