@@ -291,6 +291,28 @@ def test_a_block_counts_what_earlier_blocks_touched_from_its_first_op():
         assert b.stats["memory_bytes"] < 1024
 
 
+def test_a_block_freezes_the_gc_only_while_it_runs():
+    """Note [Garbage collection during a block]: pre-existing objects are left out, then given back."""
+    import gc
+    assert gc.get_freeze_count() == 0
+    with dtr.budget(None, cost_model="flops"):
+        torch.ones(3).sum()
+        assert gc.get_freeze_count() > 0
+    assert gc.get_freeze_count() == 0
+    with pytest.raises(RuntimeError):
+        with dtr.budget(None, cost_model="flops"):
+            raise RuntimeError("boom")
+    assert gc.get_freeze_count() == 0
+    gc.freeze()  # the program's own freeze is left alone
+    try:
+        frozen = gc.get_freeze_count()
+        with dtr.budget(None, cost_model="flops"):
+            torch.ones(3).sum()
+        assert gc.get_freeze_count() > frozen // 2  # not unfrozen (a frozen object may have died meanwhile)
+    finally:
+        gc.unfreeze()
+
+
 def test_escaped_memory_is_never_evicted():
     """After .numpy() the buffer belongs to NumPy too: dtr must never free it."""
     torch.manual_seed(0)

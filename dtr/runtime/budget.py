@@ -1,6 +1,7 @@
 """``dtr.budget``: run PyTorch code within a memory budget."""
 from __future__ import annotations
 
+import gc
 import math
 import os
 from typing import Optional, Union
@@ -17,6 +18,19 @@ from dtr.runtime.recorder import LogRecorder
 from dtr.units import parse_bytes
 
 __all__ = ["budget", "Budget"]
+
+
+# Note [Garbage collection during a block]
+# The runtime allocates a few Python objects per op (recipes, slots, handles),
+# so Python's cyclic GC runs during a block where plain PyTorch runs none, and
+# a full collection scans every object of the process: about 180 ms with torch
+# and a model loaded (285k objects), once every two or three TreeLSTM steps
+# (about 20% of the step on average). The objects that exist when the block
+# starts are therefore frozen (gc.freeze(): left out of collections) and
+# unfrozen at its end; a full collection during the block then scans only what
+# the block created (about 5 ms). Cyclic garbage among the frozen objects is
+# collected after the block instead of during it. A program that froze objects
+# itself (a fork server) is left alone: the block neither freezes nor unfreezes.
 
 
 class Budget:
@@ -52,6 +66,7 @@ class Budget:
         self._core: Optional[Core] = None
         self._mode: Optional[DTRMode] = None
         self._final: Optional[dict] = None
+        self._froze = False
 
     @property
     def stats(self) -> dict:
@@ -91,6 +106,10 @@ class Budget:
         self._mode = DTRMode(self._core, self.cost_model, recorder, self.thrash_limit, self._device)
         self._restore_escapes = patch_escapes(self._mode.escape)
         self._mode.__enter__()
+        # See Note [Garbage collection during a block].
+        self._froze = gc.isenabled() and gc.get_freeze_count() == 0
+        if self._froze:
+            gc.freeze()
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
@@ -102,6 +121,8 @@ class Budget:
                 with _disable_current_modes():
                     mode.finish()  # every tensor the program still holds is resident again
         finally:
+            if self._froze:
+                gc.unfreeze()
             if exc_type is None:
                 mode.carry_out()  # see Note [Constants from earlier blocks] in mode.py
             self._final = self._collect()
