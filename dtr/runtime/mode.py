@@ -330,13 +330,13 @@ class DTRMode(TorchDispatchMode):
         """Remember the resident storages the program still holds, for the next block on this device."""
         if self.device_type is None:
             return
-        keep = []
+        keep = {}  # storage address -> weak reference: each storage once
         for t in self.alive.values():
             buf = self.phys.get(self.core.storage_of(t))
             st = buf.get() if buf is not None and not buf.dropped else None
-            if st is not None and st.nbytes() > 0:
-                keep.append(StorageWeakRef(st))
-        _CARRIED[self.device_type] = keep
+            if st is not None and st.nbytes() > 0 and st._cdata not in keep:
+                keep[st._cdata] = StorageWeakRef(st)
+        _CARRIED[self.device_type] = list(keep.values())
 
     def _new_handle(self) -> str:
         self._next_handle += 1
