@@ -318,8 +318,13 @@ std::vector<int> Core::call_inplace(const std::vector<int>& inputs, const std::v
 //
 // collect() finds what can never be needed again. A storage is *needed* if
 // it is referenced (and not banished) or locked, or if a needed storage that
-// may be recomputed (not pinned, or with an undefined view) depends on it;
-// everything else is
+// may be recomputed (not banished, and either not pinned or with an undefined
+// view) depends on it. A banished storage keeps nothing: it is never recomputed (a
+// recomputation of its op for a sibling frees it at once, and that sibling's
+// storage has the same dependencies). Walking through one would also make the
+// result depend on compaction, which drops the edges to collected storages
+// (all banished): a core that never compacted kept, through them, storages
+// that a compacted one collected. Everything else is
 // *collected*: never referenced again (a driver only passes referenced
 // tensors as inputs), so never needed again either (collection is
 // monotone). A collected storage is put in one canonical state: freed if it
@@ -329,9 +334,18 @@ std::vector<int> Core::call_inplace(const std::vector<int>& inputs, const std::v
 // core does with the storages still in use looks at it: the eqclass and e*
 // neighbourhoods skip banished and node-less storages, protect() and
 // banishing skip banished ones, and no recomputation reads it. An op is
-// collected once it can never run again: every output is on a collected
-// storage or is a defined tensor of a pinned storage (a constant is never
-// recomputed), so a driver may drop its recipe.
+// collected once it can never run again: every output is on a storage that is
+// not needed, on a banished one (a recomputation frees it at once), or is a
+// defined tensor of a pinned storage (a constant is never recomputed), so a
+// driver may drop its recipe. A storage that is not needed
+// is collected, except a dead constant that keeps its bytes (one that is not
+// referenced, without free_dead_constants: simrd keeps constants resident).
+// The tensors of such a constant are never required again, and nothing that
+// may be recomputed reads them; so an undefined view on it (the constant came
+// back through its root, e.g. when protect() pinned it) is not recomputed
+// either, and its op is collected too: check() allows a collected op an
+// undefined output on a pinned storage if it is unreferenced and read by no
+// op that is not collected.
 //
 // compact() then drops the collected storages with their tensors, and the
 // collected ops, and renumbers the rest in order. A collected storage is kept
@@ -353,8 +367,10 @@ std::vector<int> Core::call_inplace(const std::vector<int>& inputs, const std::v
 std::pair<std::vector<int>, std::vector<int>> Core::collect() {
   const uint64_t mark = ++stamp_;
   // A pinned storage is never recomputed, but an undefined view on it (its
-  // storage came back through another op) still is, by rerunning its op.
+  // storage came back through another op) still is, by rerunning its op. A
+  // banished one (a collected one too) is not: it keeps nothing.
   auto may_recompute = [&](const Storage& st) {
+    if (st.banished) return false;
     if (!st.pinned) return true;
     for (int t : st.tensors)
       if (!tensors_[t].defined) return true;
@@ -405,7 +421,8 @@ std::pair<std::vector<int>, std::vector<int>> Core::collect() {
     for (int t : op.outputs) {
       const Tensor& x = tensors_[t];
       const Storage& s = storages_[x.storage];
-      needed = needed || (marked[x.storage] && !(s.pinned && x.defined));
+      // (A banished output is never kept: an op runs again only for the others.)
+      needed = needed || (marked[x.storage] && !s.banished && !(s.pinned && x.defined));
     }
     if (needed) continue;
     op.collected = true;
@@ -549,9 +566,27 @@ Core::Remap Core::compact() {
   return r;
 }
 
+// Note [Protecting a constant]
+// Before a constant C is overwritten in place (or freed: free_dead_constants),
+// nothing that may still be computed may need C's old value. protect(C) walks
+// the storages computed from C and, for each one still referenced, makes its
+// referenced tensors defined and pins the storage, so that none of them is
+// recomputed again. The walk stops at a constant none of whose tensors is
+// undefined (its tensors stay as they are), but not at a constant with an
+// undefined tensor: that tensor (a view, as the storage came back through
+// its root) is recomputed by rerunning its op, which reads that op's inputs,
+// not only the storage it views (as in try_banish() and collect()). So pinning
+// a target's root is not enough either: a referenced view of it that is
+// undefined is brought back too, while C still holds its old value. Otherwise
+// requiring that view later recomputes from C's new value (a wrong result),
+// or, once a dead constant was freed, reaches its banished storage (which
+// cannot be locked). The walk is storage-level, like the rest of the core: it
+// may bring back a view whose op does not read C.
+
 std::vector<int> Core::protect_targets(int sid) {
-  // Walk the storages computed from `sid` (not through constants): every one
-  // still referenced must not need `sid`'s old value again. A storage of no
+  // Walk the storages computed from `sid` (not through constants all of whose
+  // tensors are defined; see Note [Protecting a constant]): every one still
+  // referenced must not need `sid`'s old value again. A storage of no
   // bytes loses no value when it goes (and is never freed: see release()):
   // pinning what was computed from it pinned, in Hugging Face's GPT-2, every
   // activation downstream of its KV cache, which starts as an empty tensor.
@@ -559,11 +594,16 @@ std::vector<int> Core::protect_targets(int sid) {
   if (storages_.at(sid).size == 0) return live;
   std::vector<int> stack(storages_[sid].dependents);
   const uint64_t mark = ++stamp_;
+  auto complete = [&](const Storage& s) {
+    for (int t : s.tensors)
+      if (!tensors_[t].defined) return false;
+    return true;
+  };
   while (!stack.empty()) {
     int d = stack.back();
     stack.pop_back();
     Storage& s = storages_[d];
-    if (s.mark == mark || s.pinned || s.banished) continue;
+    if (s.mark == mark || s.banished || (s.pinned && complete(s))) continue;
     s.mark = mark;
     if (s.refs > 0) live.push_back(d);
     for (int n : s.dependents) stack.push_back(n);
@@ -572,7 +612,12 @@ std::vector<int> Core::protect_targets(int sid) {
 }
 
 void Core::protect(int sid) {
-  for (int d : protect_targets(sid)) pin(storages_[d].root);
+  for (int d : protect_targets(sid)) {
+    if (!storages_[d].pinned) pin(storages_[d].root);
+    const std::vector<int> tensors = storages_[d].tensors;
+    for (int t : tensors)
+      if (tensors_[t].refs > 0 && !tensors_[t].defined) require(t);
+  }
 }
 
 std::vector<int> Core::mutate(const std::vector<int>& inputs, const std::vector<int>& mutated, double cost) {
@@ -1349,6 +1394,7 @@ void Core::check() const {
     if (!in(x.index, int(op.outputs.size())) || op.outputs[x.index] != t) fail(name + ": not its op's output");
     if (!contains(storages_[x.storage].tensors, t)) fail(name + ": missing from its storage's tensors");
   }
+  std::vector<char> read_live(nt, 0);  // tensors that an op not collected reads
   for (int o = 0; o < no; ++o) {
     const Op& op = ops_[o];
     const std::string name = "op " + std::to_string(o);
@@ -1358,13 +1404,23 @@ void Core::check() const {
       if (u == -1 && op.collected) continue;  // dropped by compact()
       if (!in(u, nt)) fail(name + ": input out of range");
       if (!op.collected && storages_[tensors_[u].storage].collected) fail(name + ": live op reads a collected storage");
+      if (!op.collected) read_live[u] = 1;
     }
-    if (op.collected)
-      for (int t : op.outputs) {
-        const Storage& s = storages_[tensors_[t].storage];
-        if (!s.collected && !s.banished && !(s.pinned && tensors_[t].defined))
-          fail(name + ": collected, but its output " + std::to_string(t) + " may be recomputed");
-      }
+  }
+  for (int o = 0; o < no; ++o) {
+    const Op& op = ops_[o];
+    if (!op.collected) continue;
+    // A collected op is never computed again (Note [Collection and compaction]):
+    // each output is gone for good, defined on a constant, or an undefined
+    // tensor of a dead constant that nothing asks for (unreferenced, read by
+    // no op that is not collected: a tensor is only recomputed when required
+    // or as an undefined input of an op being recomputed).
+    for (int t : op.outputs) {
+      const Tensor& x = tensors_[t];
+      const Storage& s = storages_[x.storage];
+      if (s.collected || s.banished || (s.pinned && (x.defined || (x.refs == 0 && !read_live[t])))) continue;
+      fail("op " + std::to_string(o) + ": collected, but its output " + std::to_string(t) + " may be recomputed");
+    }
   }
   int collected = 0, pooled = 0;
   for (int sid = 0; sid < ns; ++sid) {

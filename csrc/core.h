@@ -22,7 +22,10 @@
 //    the sum of its members' costs;
 //  * refs(S) == sum of refs of its tensors;
 //  * a collected storage is evicted, banished and has no eqclass node; a
-//    collected op is never computed again (see Note [Collection and compaction]).
+//    collected op is never computed again: each of its outputs is on a
+//    collected or banished storage, or on a pinned one, where it is defined or
+//    unreferenced and read by no op that is not collected (see Note
+//    [Collection and compaction]).
 #pragma once
 
 #include <cstdint>
@@ -138,20 +141,24 @@ class Core {
   // an op's cost] in core.cpp).
   void set_cost(int op, double cost);
   // Before a constant is overwritten in place: every live storage whose
-  // recomputation would read its old value is brought back and pinned.
+  // recomputation would read its old value is brought back and pinned, with
+  // its referenced tensors defined (see Note [Protecting a constant] in core.cpp).
   void protect(int storage);
-  // The storages protect(storage) would pin now: referenced, not pinned, and
-  // computed from `storage` through storages that are not constants.
+  // The storages protect(storage) would pin or complete now: referenced,
+  // not constants all of whose tensors are defined, and computed from
+  // `storage` through storages that are not such constants.
   std::vector<int> protect_targets(int storage);
   // Garbage collection of the graph (see Note [Collection and compaction]).
   // A storage that can never be needed again (not referenced, not pinned, and
   // not needed to recompute anything that is referenced, except through
-  // constants) is *collected*: freed if resident (counted as an eager
+  // constants and banished storages) is *collected*: freed if resident (counted as an eager
   // eviction), banished and taken out of its evicted neighbourhood. An op is
   // collected once it can never run again: each of its outputs is on a
-  // collected storage or a defined tensor of a pinned one. Returns the ops and
-  // the storages collected by this call (each is returned once); a driver
-  // drops its recipes of those ops and its buffers of those storages.
+  // storage that can never be needed again (collected, or a dead constant
+  // kept resident), on a banished one, or a defined tensor of a pinned one.
+  // Returns the ops and the storages collected by this call (each is
+  // returned once); a driver drops its recipes of those ops and its buffers
+  // of those storages.
   // Collected tensors must not be used again (as inputs, retained, required).
   // O(storages + ops + edges).
   std::pair<std::vector<int>, std::vector<int>> collect();

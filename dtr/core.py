@@ -165,7 +165,11 @@ class Core:
             self._core.protect(storage)
 
     def protect_targets(self, storage: int) -> List[int]:
-        """The storages :meth:`protect` would pin now (referenced, computed from ``storage``)."""
+        """The storages :meth:`protect` would pin or complete now (referenced, computed from ``storage``).
+
+        Completing a storage brings back its referenced tensors that are
+        undefined (views of a constant that came back through its root).
+        """
         return self._core.protect_targets(storage)
 
     def call_inplace(self, inputs: Sequence[int], sizes: Sequence[int], alias_of: Sequence[int],

@@ -327,3 +327,110 @@ def test_eqclass_split_stays_exact_along_a_chain_and_under_a_budget():
     for s in range(c.num_storages):
         if c.resident(s):
             assert c.neighbourhood_cost(s) == _exact_components_cost(c, s), s
+
+
+def _view_of_an_evicted_storage(**options):
+    # w (constant, 10) -> a (10) and b (10); v = view(a, b) (0 bytes: a view of
+    # a whose op also reads b). a and b are released (b's storage goes, a's stays
+    # for v); d (15) makes 35 > 30, so a's storage goes too: a and v are undefined.
+    c = Core("lru", budget=30, **options)
+    w = c.constant(10)
+    (a,) = c.call([w], [10], [-1], 1.0)
+    (b,) = c.call([w], [10], [-1], 2.0)
+    (v,) = c.call([a, b], [0], [0], 0.0)
+    c.release(a)
+    c.release(b)
+    (d,) = c.call([w], [15], [-1], 1.0)
+    c.release(d)
+    assert not c.defined(a) and not c.defined(v) and not c.resident(c.storage_of(b))
+    return c, w, a, b, v
+
+
+@pytest.mark.parametrize("pinned_first", [False, True])
+def test_dropping_a_constant_brings_back_the_views_it_pins(pinned_first):
+    # Dropping w (free_dead_constants) pins a's storage, which v still
+    # references. Pinning a's root brings the storage back but not v: v comes
+    # back by rerunning its op, which reads b, computed from w. So protect()
+    # brings v back too, before w is freed; before the fix requiring v later
+    # recomputed b from the freed (banished) w: "cannot lock evicted storage".
+    # pinned_first: a's storage was already a constant with v undefined (a
+    # constant with an undefined view is walked through, not skipped).
+    c, w, a, b, v = _view_of_an_evicted_storage(free_dead_constants=True)
+    if pinned_first:
+        c.retain(a)
+        c.pin(a)
+        c.release(a)
+        assert not c.defined(v)
+    assert c.protect_targets(c.storage_of(w)) == [c.storage_of(v)]
+    c.release(w)
+    c.check()
+    assert not c.resident(c.storage_of(w))
+    assert c.pinned(c.storage_of(v)) and c.defined(v)
+    c.require(v)
+    c.check()
+
+
+def test_writing_a_constant_in_place_brings_back_the_views_it_pins():
+    # As above, but w is written in place: v must not be recomputed later
+    # from w's new value (that would rerun b's op, which reads w).
+    c, w, a, b, v = _view_of_an_evicted_storage()
+    c.mutate_inplace([w], [0], 1.0)
+    c.check()
+    assert c.pinned(c.storage_of(v)) and c.defined(v)
+    computed = []
+    c.set_hooks(on_compute=lambda op, remat: computed.append(op))
+    c.require(v)
+    assert computed == []
+
+
+def test_an_undefined_view_of_a_dead_constant_is_collected():
+    # x (10) and its view v: x's storage is evicted, then pinned through x (it
+    # comes back through x's op: v stays undefined). Once x and v are dropped,
+    # nothing can ask for v, so its op is collected although the constant (kept
+    # resident without free_dead_constants) is not.
+    c = Core("lru", budget=20)
+    (x,) = c.call([], [10], [-1], 1.0)
+    (v,) = c.call([x], [0], [0], 0.0)
+    (y,) = c.call([], [15], [-1], 1.0)  # 25 > 20: x's storage goes
+    c.release(y)
+    c.pin(x)
+    assert c.defined(x) and not c.defined(v)
+    c.release(v)
+    c.release(x)
+    ops, storages = c.collect()
+    assert c.op_of(v) in ops and c.storage_of(x) not in storages
+    assert c.pinned(c.storage_of(x)) and c.counters["memory"] == 10
+    c.check()
+    c.compact()
+    c.check()
+
+
+def test_a_banished_storage_keeps_nothing_from_collection():
+    # x -> b (pinned, then dropped: freed for good, banished) -> m (pinned) with
+    # an undefined view v nobody references (m's storage came back through m's
+    # op). m's storage may still be recomputed (v is undefined), so what it is
+    # computed from is kept, but b is banished: it is never recomputed, so
+    # neither x nor b's op is needed any more. Walking through b kept x (and,
+    # through edges that compaction drops, made a compacted core collect more
+    # than one that never compacted); counting b's op as needed for its
+    # banished output kept an op that reads the collected x.
+    c = Core("lru", budget=30, free_dead_constants=True)
+    (x,) = c.call([], [10], [-1], 1.0)
+    (b,) = c.call([x], [10], [-1], 1.0)
+    c.pin(b)
+    (m,) = c.call([b], [10], [-1], 1.0)
+    (v,) = c.call([m], [0], [0], 0.0)
+    c.release(x)
+    (y,) = c.call([], [15], [-1], 1.0)  # 35 > 30: m's storage goes (b's is pinned)
+    c.release(y)
+    c.pin(m)
+    c.release(v)
+    assert not c.defined(v)
+    c.release(b)                        # protect() leaves v (unreferenced); b is freed
+    assert c.pinned(c.storage_of(m)) and not c.resident(c.storage_of(b))
+    ops, storages = c.collect()
+    assert c.storage_of(x) in storages and c.storage_of(b) not in storages
+    assert c.op_of(x) in ops and c.op_of(b) in ops and c.op_of(v) not in ops
+    c.check()
+    c.compact()
+    c.check()
