@@ -520,7 +520,10 @@ class DTRMode(TorchDispatchMode):
         flat = tree_flatten(out)[0]
         back = [(slot, flat[pos]) for pos, slot in r.outputs
                 if not self.core.resident(self.core.storage_of(slot.tensor))]  # a resident twin is dropped
-        adopt = _SWAP and len({o.untyped_storage()._cdata for _, o in back}) == len(back)
+        # Adopt only fresh buffers, each once: never an input's (an op that aliased one this time).
+        srcs = {o.untyped_storage()._cdata for _, o in back}
+        adopt = _SWAP and len(srcs) == len(back) and not any(
+            isinstance(x, torch.Tensor) and x.untyped_storage()._cdata in srcs for x in leaves)
         for slot, o in back:
             if not (adopt and self._adopt(slot, o)):
                 self._refill(slot.tensor)
