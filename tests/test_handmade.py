@@ -240,6 +240,23 @@ def test_writing_one_storage_twice_in_place_stays_within_the_budget():
     c.check()
 
 
+def _evicted_fork(c):
+    """w (constant) -> m (1) -> l (2) -> p (1) and m -> r (8) -> q (1); m, l, r released.
+
+    Returns (m, p, q). Eager eviction frees m, l and r as they are released:
+    each joins its evicted neighbours.
+    """
+    w = c.constant(4)
+    (m,) = c.call([w], [10], [-1], 1.0)
+    (l,) = c.call([m], [10], [-1], 2.0)
+    (r,) = c.call([m], [10], [-1], 8.0)
+    (p,) = c.call([l], [10], [-1], 1.0)
+    (q,) = c.call([r], [10], [-1], 1.0)
+    for t in (m, l, r):
+        c.release(t)
+    return m, p, q
+
+
 @pytest.mark.parametrize("split", [False, True], ids=["simrd", "split"])
 def test_eqclass_component_splits_when_its_middle_comes_back(split):
     # w (constant) -> m (cost 1) -> l (cost 2) -> p (cost 1)
@@ -251,14 +268,7 @@ def test_eqclass_component_splits_when_its_middle_comes_back(split):
     # the component becomes {l} (2) and {r} (8), the exact evicted
     # neighbourhoods (what `dtr` computes). m itself sees both either way.
     c = Core("eqclass-split" if split else "eqclass")
-    w = c.constant(4)
-    (m,) = c.call([w], [10], [-1], 1.0)
-    (l,) = c.call([m], [10], [-1], 2.0)
-    (r,) = c.call([m], [10], [-1], 8.0)
-    (p,) = c.call([l], [10], [-1], 1.0)
-    (q,) = c.call([r], [10], [-1], 1.0)
-    for t in (m, l, r):
-        c.release(t)  # eager eviction: each joins its evicted neighbours
+    m, p, q = _evicted_fork(c)
     c.check()
     sp, sq, sm = (c.storage_of(t) for t in (p, q, m))
     assert (c.neighbourhood_cost(sp), c.neighbourhood_cost(sq)) == (11.0, 11.0)
@@ -269,14 +279,7 @@ def test_eqclass_component_splits_when_its_middle_comes_back(split):
     assert (c.neighbourhood_cost(sp), c.neighbourhood_cost(sq)) == want
     assert c.neighbourhood_cost(sm) == 10.0
     full = Core("dtr")  # the same steps under the exact e*
-    w = full.constant(4)
-    (m,) = full.call([w], [10], [-1], 1.0)
-    (l,) = full.call([m], [10], [-1], 2.0)
-    (r,) = full.call([m], [10], [-1], 8.0)
-    (p,) = full.call([l], [10], [-1], 1.0)
-    (q,) = full.call([r], [10], [-1], 1.0)
-    for t in (m, l, r):
-        full.release(t)
+    m, p, q = _evicted_fork(full)
     full.require(m)
     assert (full.neighbourhood_cost(full.storage_of(p)), full.neighbourhood_cost(full.storage_of(q))) == (2.0, 8.0)
 
