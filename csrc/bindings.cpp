@@ -138,6 +138,7 @@ PYBIND11_MODULE(_C, m) {
       .def("op_of", &Core::op_of)
       .def("defined", &Core::defined)
       .def("resident", &Core::resident)
+      .def("banished", &Core::banished)
       .def("pinned", &Core::pinned)
       .def("locks", &Core::locks)
       .def("refs", &Core::refs)

@@ -518,8 +518,14 @@ class DTRMode(TorchDispatchMode):
             if r.rng is not None:
                 _set_rng_state(saved)
         flat = tree_flatten(out)[0]
-        back = [(slot, flat[pos]) for pos, slot in r.outputs
-                if not self.core.resident(self.core.storage_of(slot.tensor))]  # a resident twin is dropped
+        # A resident twin is dropped, and so is a banished sibling (the core frees it at once; it may be
+        # collected, its buffer gone): keeping its bytes would be memory the core does not count.
+        core = self.core
+        back = []
+        for pos, slot in r.outputs:
+            s = core.storage_of(slot.tensor)
+            if not core.resident(s) and not core.banished(s):
+                back.append((slot, flat[pos]))
         # Adopt only fresh buffers, each once: never an input's (an op that aliased one this time).
         srcs = {o.untyped_storage()._cdata for _, o in back}
         adopt = _SWAP and len(srcs) == len(back) and not any(
