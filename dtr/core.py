@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import math
 import types
-from contextlib import contextmanager
-from typing import Callable, Iterator, List, Optional, Sequence, Tuple
+from typing import Callable, List, Optional, Sequence, Tuple
 
 from dtr import _C
 from dtr.errors import OutOfBudgetError, ThrashingError
@@ -65,16 +64,35 @@ def make_config(heuristic: Heuristic | str = "eqclass", budget: Optional[int] = 
     return cfg
 
 
-@contextmanager
-def _translated() -> Iterator[None]:
-    try:
-        yield
-    except _C.OutOfMemory as e:
-        needed, budget, _ = e.args
-        raise OutOfBudgetError(budget, needed) from None
-    except _C.Thrashing as e:
-        rc, limit, _ = e.args
-        raise ThrashingError(rc, limit) from None
+class _Translated:
+    """``with _translated():`` turns the core's exceptions into dtr's public ones.
+
+    A plain class rather than ``@contextmanager``: the runtime enters it twice
+    per dispatched op, and a generator-based manager costs several times more.
+    """
+
+    __slots__ = ()
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, typ, e, tb) -> bool:
+        if typ is None:
+            return False
+        if issubclass(typ, _C.OutOfMemory):
+            needed, budget, _ = e.args
+            raise OutOfBudgetError(budget, needed) from None
+        if issubclass(typ, _C.Thrashing):
+            rc, limit, _ = e.args
+            raise ThrashingError(rc, limit) from None
+        return False
+
+
+_TRANSLATED = _Translated()
+
+
+def _translated() -> _Translated:
+    return _TRANSLATED
 
 
 class Core:
@@ -223,6 +241,27 @@ class Core:
     @property
     def clock(self) -> float:
         return self._core.clock
+
+    # The runtime reads these for every op: direct properties skip __getattr__.
+    @property
+    def budget(self) -> int:
+        """The budget in bytes (-1: none)."""
+        return self._core.budget
+
+    @property
+    def memory(self) -> int:
+        """Bytes resident now, as the core accounts them."""
+        return self._core.memory
+
+    @property
+    def base_compute(self) -> float:
+        """Compute of first computations so far (cost units)."""
+        return self._core.base_compute
+
+    @property
+    def remat_compute(self) -> float:
+        """Compute of recomputations so far (cost units)."""
+        return self._core.remat_compute
 
     def __getattr__(self, name: str):
         # Read-only queries (defined, resident, storage_of, score, ...) and hooks.

@@ -93,6 +93,7 @@ __all__ = ["DTRMode", "Slot"]
 
 log = logging.getLogger("dtr.runtime")
 _use_count = torch._C._storage_Use_Count
+_expired = torch.UntypedStorage._expired  # StorageWeakRef.expired() without its two Python frames
 _POLL_EVERY = 16
 _RECENT_OPS = 4     # see Note [Liveness]
 _MAX_VERSIONS = 8   # see Note [Version chains]
@@ -193,14 +194,14 @@ class _Buf:
     def get(self) -> Optional[torch.UntypedStorage]:
         if self.strong is not None:
             return self.strong
-        if self.weak.expired():
+        if _expired(self.weak.cdata):
             return None
         return torch.UntypedStorage._new_with_weak_ptr(self.weak.cdata)
 
     def dead(self) -> bool:
         if self.strong is not None:
             return self.dropped or (self.shared and _use_count(self.strong._cdata) <= 1)
-        return self.weak.expired()
+        return _expired(self.weak.cdata)
 
 
 class Slot(NamedTuple):
@@ -620,9 +621,10 @@ class DTRMode(TorchDispatchMode):
         cost = 0.0  # a view computes nothing
         if not self.cost_model.measured and (sizes or plain_writes or const_writes):
             cost = self.cost_model.estimate(func, args, kwargs, pred.metas)
-        if self.thrash_limit is not None and core.base_compute > 0:
-            # Let the core stop a runaway chain of recomputations as it happens.
-            core.set_remat_limit((self.thrash_limit - 1) * core.base_compute)
+        if self.thrash_limit is not None:
+            base = core.base_compute
+            if base > 0:  # let the core stop a runaway chain of recomputations as it happens
+                core.set_remat_limit((self.thrash_limit - 1) * base)
         op = core.begin_call(ins, all_sizes, [-1] * len(all_sizes), inplace_of, cost)
         try:
             out, flat_out, cost, pending = self._execute(func, args, kwargs, cost, key)
@@ -724,8 +726,10 @@ class DTRMode(TorchDispatchMode):
         if self.ops_seen - self._ops_at_gc > max(_GC_MIN_OPS, self._live_after_gc):
             self.collect()
         limit = self.thrash_limit
-        if limit is not None and core.base_compute > 0 and core.remat_compute > (limit - 1) * core.base_compute:
-            raise ThrashingError(core.remat_compute, (limit - 1) * core.base_compute, f"while running {func}")
+        if limit is not None:
+            base, rc = core.base_compute, core.remat_compute
+            if base > 0 and rc > (limit - 1) * base:
+                raise ThrashingError(rc, (limit - 1) * base, f"while running {func}")
 
     def _run_untracked_inputs(self, func, args, kwargs, leaves, spec):
         """An op without tracked inputs: a factory (zeros, randn) is tracked by its outputs."""
