@@ -91,6 +91,7 @@ PYBIND11_MODULE(_C, m) {
       .def_readwrite("free_dead_constants", &Config::free_dead_constants)
       .def_readwrite("keep_needed", &Config::keep_needed)
       .def_readwrite("eqclass_split", &Config::eqclass_split)
+      .def_readwrite("inplace_handover", &Config::inplace_handover)
       .def_readwrite("remat_limit", &Config::remat_limit);
 
   py::class_<Core>(m, "Core")
@@ -139,6 +140,7 @@ PYBIND11_MODULE(_C, m) {
       .def("defined", &Core::defined)
       .def("resident", &Core::resident)
       .def("banished", &Core::banished)
+      .def("handed", &Core::handed)
       .def("pinned", &Core::pinned)
       .def("locks", &Core::locks)
       .def("refs", &Core::refs)

@@ -826,21 +826,67 @@ void Core::materialize(int t0, bool remat0, bool stop_before_root) {
         make_room(ops_[op_id].total_size - ops_[op_id].inplace_bytes);
         return;
       }
-      make_room(ops_[op_id].total_size);
+      const int64_t handed = remat ? mark_handover(op_id) : 0;
+      make_room(ops_[op_id].total_size - handed);
       compute(t, remat);
       finish(op_id, remat);  // (still wanted here: its unlocks must not free what it just computed)
       stack.pop_back();
       storages_[tensors_[t].storage].wanted -= 1;
     }
   } catch (...) {  // out of memory or thrashing: the frames are abandoned
-    for (const Frame& f : stack) storages_[tensors_[f.t].storage].wanted -= 1;
+    for (const Frame& f : stack) {
+      storages_[tensors_[f.t].storage].wanted -= 1;
+      for (int p : ops_[tensors_[f.t].op].inputs) storages_[tensors_[p].storage].handed = false;
+    }
     throw;
   }
+}
+
+// Note [Handing bytes over on recomputation]
+// The first run of an in-place write (x.relu_(), a dropout mask's div_) hands
+// the old version's bytes over to the new one (end_call). A recomputation
+// used to run it out of place: the old version came back, the new one was
+// allocated next to it and filled with a copy, and the old one stayed resident
+// until evicted, so recomputing a 16 MiB dropout mask took two buffers and a
+// copy where its first run took one. With Config::inplace_handover (the
+// runtime's semantics, recorded in its logs' meta line), a recomputation
+// hands over too, whenever nothing else can read the old version afterwards:
+// the program holds no reference to it (refs == 0), it is not pinned, and the
+// only lock on it is this op's single read of it (so no pending
+// recomputation needs it, and the op reads it once: as the buffer it
+// writes). Then room is made for the outputs less the handed bytes, the
+// memory counter grows by the same amount, and the old version is evicted
+// right after the op (finish), freeing nothing: its bytes are the new
+// version's. The driver sees Core::handed(s) during on_compute and moves the
+// buffer instead of copying it; a replay's trace reports the free before the
+// op, which is how a static schedule says "handed over" (Note [In-place writes
+// in a schedule] in dtr.sim.schedule). An old version needed later is
+// recomputed like any evicted storage.
+int64_t Core::mark_handover(int op_id) {
+  if (!cfg_.inplace_handover) return 0;
+  const Op& op = ops_[op_id];
+  int64_t bytes = 0;
+  for (size_t i = 0; i < op.outputs.size(); ++i) {
+    const int j = op.inplace_of[i];
+    if (j < 0) continue;
+    const int so_id = tensors_[op.inputs[j]].storage;
+    Storage& so = storages_[so_id];
+    const Storage& sn = storages_[tensors_[op.outputs[i]].storage];
+    if (sn.resident || sn.banished || so_id == tensors_[op.outputs[i]].storage) continue;
+    if (!so.resident || so.refs != 0 || so.pinned || so.locks != 1 || so.wanted != 0 || so.handed) continue;
+    so.handed = true;
+    bytes += so.size;
+  }
+  return bytes;
 }
 
 void Core::finish(int op_id, bool remat) {
   (void)remat;
   for (int p : ops_[op_id].inputs) unlock(tensors_[p].storage);
+  for (int p : ops_[op_id].inputs) {  // see Note [Handing bytes over on recomputation]
+    const int sid = tensors_[p].storage;
+    if (storages_[sid].handed && storages_[sid].resident) evict(sid, /*by_heuristic=*/false);
+  }
   for (int p : ops_[op_id].inputs)  // an input waiting for its dependents to come back
     if (storages_[tensors_[p].storage].banish_pending) try_banish(tensors_[p].storage);
   if (c_.remat_compute > cfg_.remat_limit) throw Thrashing(c_.remat_compute, cfg_.remat_limit);
@@ -857,7 +903,11 @@ void Core::compute(int t, bool remat) {
   } else {
     c_.base_compute += op.cost;
   }
-  c_.memory += op.total_size;
+  int64_t handed = 0;  // see Note [Handing bytes over on recomputation]
+  if (remat)
+    for (int p : op.inputs)
+      if (storages_[tensors_[p].storage].handed) handed += storages_[tensors_[p].storage].size;
+  c_.memory += op.total_size - handed;
   c_.peak_memory = std::max(c_.peak_memory, c_.memory);
   int64_t working = op.total_size;
   for (int p : op.inputs) working += ops_[tensors_[p].op].sizes[tensors_[p].index];
@@ -987,7 +1037,7 @@ void Core::evict(int sid, bool by_heuristic) {
   Storage& s = storages_[sid];
   if (!s.resident || s.locks > 0 || s.pinned) throw std::logic_error("evicting an unevictable storage");
   s.resident = false;
-  c_.memory -= s.size;
+  if (!s.handed) c_.memory -= s.size;  // a handed storage's bytes are its successor's now
   pool_remove(sid);
   for (int t : s.tensors) tensors_[t].defined = false;
   if (by_heuristic) c_.evictions += 1; else c_.eager_evictions += 1;
@@ -1006,7 +1056,8 @@ void Core::evict(int sid, bool by_heuristic) {
     count_uf_nbrs(sid, +1);
   }
   if (cfg_.cost == CostMode::Full) dirty_frontier(sid);
-  if (on_evict) on_evict(sid, by_heuristic);
+  if (on_evict) on_evict(sid, by_heuristic);  // (a replay's trace skips a handed storage: reported already)
+  storages_[sid].handed = false;
 }
 
 void Core::try_banish(int sid) {
@@ -1480,6 +1531,8 @@ void Core::check() const {
     for (int d : s.dependents) uf_nbrs += storages_[d].uf >= 0;
     if (uf_nbrs != s.uf_nbrs) fail(name + ": count of neighbours with an eqclass node is stale");
   }
+  for (int sid = 0; sid < ns; ++sid)
+    if (storages_[sid].handed) fail("storage " + std::to_string(sid) + " still handed over between calls");
   if (mem != c_.memory) fail("memory counter " + std::to_string(c_.memory) + " != resident bytes " + std::to_string(mem));
   if (c_.peak_memory < c_.memory) fail("peak below current memory");
   if (cfg_.budget >= 0 && c_.memory > cfg_.budget) fail("memory above budget");

@@ -56,6 +56,7 @@ struct Config {
   double remat_limit = std::numeric_limits<double>::infinity();  // stop once remat compute passes it
   bool keep_needed = false;     // see Note [Freeing what an evicted tensor needs] in core.cpp
   bool eqclass_split = false;   // eqclass: exact components (see Note [Splitting eqclass components] in core.cpp)
+  bool inplace_handover = false;  // a recomputed in-place write takes its old version's bytes (Note [Handing bytes over on recomputation])
 };
 
 struct Counters {
@@ -204,6 +205,7 @@ class Core {
   bool pinned(int s) const { return storages_.at(s).pinned; }
   // Banished (or collected): never resident again; a recomputation of its op frees it at once.
   bool banished(int s) const { return storages_.at(s).banished; }
+  bool handed(int s) const { return storages_.at(s).handed; }
   int locks(int s) const { return storages_.at(s).locks; }
   int64_t refs(int t) const { return tensors_.at(t).refs; }
   int64_t storage_refs(int s) const { return storages_.at(s).refs; }
@@ -272,6 +274,7 @@ class Core {
     bool evict_on_unlock = false;  // its last reference died while it was locked
     int wanted = 0;                // frames of materialize() computing one of its tensors right now
     bool collected = false;        // returned by collect(): never needed again
+    bool handed = false;           // its bytes go to the in-place write being recomputed from it right now
     double cost = 0;
     double last_access = -std::numeric_limits<double>::infinity();
     int pool_pos = -1;
@@ -304,6 +307,7 @@ class Core {
              double cost);
   void materialize(int t, bool remat, bool stop_before_root = false);
   void finish(int op_id, bool remat);
+  int64_t mark_handover(int op_id);
   void compute(int t, bool remat);
   void make_room(int64_t bytes);
   int choose();

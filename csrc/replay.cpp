@@ -92,13 +92,19 @@ ReplayResult replay(const Program& prog, const Config& cfg_in, double thrash_lim
     // as soon as it is computed (Core::compute): reported right after the op.
     Core& core = r.core;
     r.core.on_compute = [&res, &core](int op, bool remat) {
+      // An old version handed over to this recomputation is freed right before it (Note [Handing bytes
+      // over on recomputation]); its eviction after the op is then not reported again.
+      for (int p : core.op_inputs(op))
+        if (core.handed(core.storage_of(p))) res.trace.emplace_back(3, core.storage_of(p));
       res.trace.emplace_back(remat ? 1 : 0, op);
       for (int t : core.op_outputs(op)) {
         const int s = core.storage_of(t);
         if (!core.is_alias(t) && core.banished(s)) res.trace.emplace_back(3, s);
       }
     };
-    r.core.on_evict = [&res](int s, bool by_heuristic) { res.trace.emplace_back(by_heuristic ? 2 : 3, s); };
+    r.core.on_evict = [&res, &core](int s, bool by_heuristic) {
+      if (!core.handed(s)) res.trace.emplace_back(by_heuristic ? 2 : 3, s);
+    };
   }
   int line = 0;
   try {

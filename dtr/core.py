@@ -23,7 +23,8 @@ RawLogError = _C.LogError
 def make_config(heuristic: Heuristic | str = "eqclass", budget: Optional[int] = None, *,
                 banish: bool = False, seed: int = 0, sample: int = 0,
                 remat_limit: float = math.inf, free_dead_constants: bool = False,
-                keep_needed: bool = False, eqclass_split: bool = False) -> "_C.Config":
+                keep_needed: bool = False, eqclass_split: bool = False,
+                inplace_handover: bool = False) -> "_C.Config":
     """Build the core's configuration.
 
     Args:
@@ -43,6 +44,9 @@ def make_config(heuristic: Heuristic | str = "eqclass", budget: Optional[int] = 
         eqclass_split: split eqclass components exactly when a member leaves
             (the core's Note [Splitting eqclass components]) even if the
             heuristic's own ``split`` is not set (the runtime's default).
+        inplace_handover: a recomputed in-place write takes over the bytes of
+            an old version nothing else can read (the runtime's semantics; the
+            core's Note [Handing bytes over on recomputation]).
 
     Raises:
         ValueError: unknown heuristic name.
@@ -61,6 +65,7 @@ def make_config(heuristic: Heuristic | str = "eqclass", budget: Optional[int] = 
     cfg.free_dead_constants = free_dead_constants
     cfg.keep_needed = keep_needed
     cfg.eqclass_split = bool(h.split or eqclass_split)
+    cfg.inplace_handover = inplace_handover
     return cfg
 
 

@@ -437,3 +437,27 @@ def test_a_banished_storage_keeps_nothing_from_collection():
     c.check()
     c.compact()
     c.check()
+
+
+@pytest.mark.parametrize("handover", [False, True], ids=["copy", "handover"])
+def test_a_recomputed_in_place_write_takes_over_its_old_version(handover):
+    # x (30) is written in place (x2 takes over its buffer) and evicted for y
+    # (40, budget 60). Bringing x2 back recomputes x's op (which evicts y) and
+    # then the write: handed over, the old version's 30 bytes become x2's;
+    # without, x2 needs 30 more bytes while x stays resident, unreferenced.
+    c = Core("lru", budget=60, inplace_handover=handover)
+    w = c.constant(0)
+    (x,) = c.call([w], [30], [-1], 1.0)
+    (x2,) = c.mutate_inplace([x], [0], 1.0)
+    (y,) = c.call([w], [40], [-1], 1.0)
+    assert not c.defined(x2) and not c.defined(x)
+    seen = []
+    c.set_hooks(on_compute=lambda op, remat: seen.append(c.handed(c.storage_of(x))))
+    c.require(x2)
+    c.check()
+    assert c.defined(x2) and not c.defined(y)
+    assert seen == [False, handover]  # x's op, then the write (x handed over while it runs)
+    assert c.resident(c.storage_of(x)) != handover
+    assert c.counters["memory"] == (30 if handover else 60)
+    assert not c.handed(c.storage_of(x))
+

@@ -105,6 +105,37 @@ def test_recomputed_bytes_adopted_or_copied_are_exact(monkeypatch, adopt):
         assert calls["adopted"] == 0 and calls["copied"] > 0
 
 
+@pytest.mark.parametrize("swap", [True, False], ids=["swap", "copy"])
+def test_recomputed_in_place_writes_take_over_their_old_versions(monkeypatch, swap):
+    """Bringing back a value written in place twice reruns both writes on one buffer (the core's Note
+    [Handing bytes over on recomputation]); the values are exact and the budget holds, with the O(1) buffer
+    swap or with its fallback (copy, then free the old buffer at once)."""
+    from dtr.runtime import mode as mode_mod
+    monkeypatch.setattr(mode_mod, "_SWAP", swap and mode_mod._SWAP)
+    handed = []
+    hand_over = mode_mod.DTRMode._hand_over
+
+    def spy(self, old, new, slot, overwrites_all):
+        handed.append(old)
+        return hand_over(self, old, new, slot, overwrites_all)
+    monkeypatch.setattr(mode_mod.DTRMode, "_hand_over", spy)
+    mib = 2 ** 20
+    x = torch.randn(256, 1024)  # 1 MiB
+    ref = ((x * 2).relu() * 3)
+    limit = 4 * mib + 8192
+    with dtr.budget(limit, heuristic="lru", cost_model="flops") as b:
+        with torch.no_grad():
+            a = x * 2
+            a.relu_()
+            a.mul_(3)
+            ys = [x + i for i in range(3)]  # 1 + 1 + 3 MiB: a goes (least recently used)
+            total = a.sum()                 # a comes back: x * 2, then relu_ and mul_ on the same buffer
+            del ys
+    assert b.stats["evictions"] > 0 and b.stats["remats"] == 3 and len(handed) == 2
+    assert b.stats["peak_bytes"] <= limit
+    assert torch.equal(a, ref) and torch.equal(total, ref.sum())
+
+
 @pytest.mark.parametrize("heuristic", ["lru", "dtr", "eqclass"])
 def test_recomputing_an_op_whose_other_outputs_were_collected(heuristic):
     """A sibling output the program dropped (and the graph GC collected) stays freed when the op runs again.

@@ -15,7 +15,7 @@ from dtr.sim.export import export_schedule
 from dtr.sim.graph import GraphError, PlanGraphError, graph_from_log, plan_graph
 from dtr.sim.replay import baseline, replay
 from dtr.sim.schedule import COMPUTE, FREE, evaluate, load_schedule
-from test_stress import random_log
+from test_stress import random_log, with_collects
 
 HEURISTICS = ("dtr", "eqclass", "local", "lru")
 ZOO_LOGS = pathlib.Path(__file__).resolve().parents[1] / "logs"
@@ -173,6 +173,26 @@ def test_export_agrees_on_runtime_features(data_dir):
     q = g.op_fresh[f][1]
     k = steps.index((COMPUTE, f), steps.index((COMPUTE, f)) + 1)
     assert steps[k + 1] == (FREE, q)
+
+
+def test_export_agrees_with_handed_over_recomputations():
+    # Random logs with in-place writes under the runtime's semantics, including
+    # a recomputed write taking over its old version's bytes (the core's Note
+    # [Handing bytes over on recomputation]): the trace frees the old version
+    # right before the write, which the evaluator reads as a handover, so each
+    # exported schedule is valid with the replay's own peak and compute.
+    meta = {"op": "meta", "version": 1, "free_dead_constants": True, "keep_needed": True, "inplace_handover": True}
+    checked = handed = 0
+    for seed in range(12):
+        lines = with_collects(random_log(seed, steps=250, inplace=True), seed).splitlines()
+        log = parse_text("\n".join([json.dumps(meta)] + lines[1:]) + "\n", path=f"<random {seed}>")
+        checked += _agree(log, fracs=(None, 0.7, 0.45, 0.3), thrash=6.0)
+        peak = baseline(log)["peak_memory"]
+        for frac in (0.7, 0.45, 0.3):
+            on = replay(log, "eqclass", int(peak * frac), thrash_limit=6)
+            off = replay(log, "eqclass", int(peak * frac), thrash_limit=6, inplace_handover=False)
+            handed += (on.remats, on.evictions) != (off.remats, off.evictions)
+    assert checked > 50 and handed > 0
 
 
 def test_compare_on_runtime_features(data_dir):

@@ -10,9 +10,10 @@ import pytest
 from dtr.sim import parse_text, replay
 
 
-def random_log(seed: int, steps: int = 200) -> str:
-    """A valid random v1 log using every instruction kind."""
+def random_log(seed: int, steps: int = 200, inplace: bool = False) -> str:
+    """A valid random v1 log using every instruction kind (``inplace``: half the mutates run in place)."""
     rng = random.Random(seed)
+    flip = random.Random(f"inplace/{seed}")
     lines, live, n = [json.dumps({"op": "meta", "version": 1, "seed": seed})], [], 0
 
     def new():
@@ -39,8 +40,10 @@ def random_log(seed: int, steps: int = 200) -> str:
             live += outs
         elif r < 0.55:
             ins = rng.sample(live, k=min(len(live), rng.randint(1, 3)))
-            lines.append(json.dumps({"op": "mutate", "name": "g_", "inputs": ins, "mutated": [ins[0]],
-                                     "cost": rng.choice([1, 2, 5])}))
+            rec = {"op": "mutate", "name": "g_", "inputs": ins, "mutated": [ins[0]], "cost": rng.choice([1, 2, 5])}
+            if inplace and flip.random() < 0.5:
+                rec["inplace"] = True
+            lines.append(json.dumps(rec))
         elif r < 0.65:
             t = new()
             lines.append(json.dumps({"op": "copy", "dst": t, "src": rng.choice(live)}))
@@ -121,3 +124,25 @@ def test_eqclass_split_keeps_exact_components(banish, keep_needed):
                 **{**r.to_dict(), "heuristic": "eqclass", "thrash_limit": r.thrash_limit})
     if not banish:  # (banishing leaves few evicted storages to join)
         assert differ > 0  # splitting changes decisions on these logs
+
+
+@pytest.mark.parametrize("heuristic", ["dtr", "eqclass", "lru"])
+def test_recomputed_in_place_writes_hand_their_bytes_over(heuristic):
+    # The runtime's semantics (keep_needed, dead constants freed) plus handing an old version's bytes over
+    # to a recomputed in-place write (the core's Note [Handing bytes over on recomputation]); Core::check()
+    # after every instruction verifies that the memory counter is the resident bytes and that no storage
+    # stays handed over between instructions. A handover needs no room: runs never use more memory.
+    handed = 0
+    for seed in range(30):
+        log = parse_text(with_collects(random_log(seed, steps=300, inplace=True), seed), path=f"<random {seed}>")
+        kw = dict(check=True, keep_needed=True, free_dead_constants=True)
+        base = replay(log, heuristic, None, **kw)
+        for frac in (0.7, 0.45, 0.3):
+            budget = int(base.peak_bytes * frac)
+            r = replay(log, heuristic, budget, thrash_limit=6, seed=seed, baseline_peak=base.peak_bytes,
+                       inplace_handover=True, **kw)
+            assert r.peak_bytes <= r.budget_bytes
+            off = replay(log, heuristic, budget, thrash_limit=6, seed=seed, baseline_peak=base.peak_bytes,
+                         inplace_handover=False, **kw)
+            handed += (r.remats, r.evictions) != (off.remats, off.evictions)
+    assert handed > 0  # the generator reaches recomputed in-place writes

@@ -264,6 +264,25 @@ def tree_unflatten(leaves: list, spec: Any) -> Any:
     return _unflat(spec[1], it)
 
 
+def _numel(size: Tuple[int, ...]) -> int:
+    n = 1
+    for d in size:
+        n *= d
+    return n
+
+
+def _contiguous(size: Tuple[int, ...], stride: Tuple[int, ...]) -> bool:
+    """``Tensor.is_contiguous()`` from a shape and strides (dimensions of size 1 may have any stride)."""
+    expected = 1
+    for d, st in zip(reversed(size), reversed(stride)):
+        if d == 0:
+            return True
+        if d != 1 and st != expected:
+            return False
+        expected *= d
+    return True
+
+
 def _slot(t: int, x: torch.Tensor) -> Slot:
     return Slot(t, x.storage_offset(), tuple(x.shape), tuple(x.stride()), x.dtype)
 
@@ -502,13 +521,13 @@ class DTRMode(TorchDispatchMode):
         for pos, old, new in r.writes:
             if new < 0:  # a constant's side effect: run it on a copy and drop it
                 leaves[pos] = leaves[pos].clone()
+            elif self.core.handed(self.core.storage_of(old)):  # the old bytes become the new version's
+                leaves[pos] = self._hand_over(old, new, r.leaves[pos], self._overwrites_all(r, pos, new))
             else:        # the new version starts as a copy of the old one (unless the op overwrites it all)
                 st = self._refill(new)
-                view = self._view(r.leaves[pos]._replace(tensor=new))
-                if not (pos == 0 and overwrites_self(r.func) and view.storage_offset() == 0
-                        and view.is_contiguous() and view.numel() * view.element_size() == st.nbytes()):
+                if not self._overwrites_all(r, pos, new):
                     st.copy_(self.phys[self.core.storage_of(old)].get())
-                leaves[pos] = view
+                leaves[pos] = self._view(r.leaves[pos]._replace(tensor=new))
         args, kwargs = tree_unflatten(leaves, r.spec)
         if r.rng is not None:  # replay the random op with the generator state it first saw
             saved = _rng_state(r.rng[0] or torch.device("cpu"))
@@ -535,6 +554,41 @@ class DTRMode(TorchDispatchMode):
             if not (adopt and self._adopt(slot, o)):
                 self._refill(slot.tensor)
                 self._view(slot).copy_(o)
+
+    def _overwrites_all(self, r: Recipe, pos: int, new: int) -> bool:
+        """Whether the recipe's write at leaf ``pos`` replaces every byte of ``new``'s storage."""
+        x = r.leaves[pos]
+        n = self.core.storage_size(self.core.storage_of(new))
+        return pos == 0 and overwrites_self(r.func) and x.offset == 0 and \
+            _contiguous(x.size, x.stride) and _numel(x.size) * x.dtype.itemsize == n
+
+    def _hand_over(self, old: int, new: int, slot: Slot, overwrites_all: bool) -> torch.Tensor:
+        """Move the old version's bytes into the new version's storage; the view the op writes.
+
+        See the core's Note [Handing bytes over on recomputation]: nothing reads
+        the old version after this op, and the core evicts it once the op ran
+        (freeing nothing). O(1) with ``_swap_data_ptr_``; otherwise one copy,
+        after which the old buffer is freed at once, so that memory matches the
+        core's count before the op allocates.
+        """
+        core = self.core
+        src = self.phys[core.storage_of(old)].get()
+        s = core.storage_of(new)
+        n = core.storage_size(s)
+        buf = self.phys.get(s)
+        dst = buf.get() if buf is not None else None
+        if dst is None:  # the program dropped it (see Note [Dropped buffers])
+            dst = torch.UntypedStorage(0, device=self.device)
+            self.phys[s] = _Buf(dst, owned=True, dropped=True)
+        if _SWAP and dst.nbytes() == 0 and src.nbytes() == n:
+            dst._swap_data_ptr_(src)
+        else:
+            if dst.nbytes() != n:
+                dst.resize_(n)
+            if not overwrites_all:
+                dst.copy_(src)
+            src.resize_(0)
+        return self._view(slot._replace(tensor=new))
 
     def _adopt(self, slot: Slot, o: torch.Tensor) -> bool:
         """Move the recomputed output's bytes into the version's storage; False if its layout differs.
