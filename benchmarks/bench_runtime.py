@@ -334,7 +334,7 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--models", default="gpt,cnn,treelstm")
-    ap.add_argument("--fracs", default="0.5,0.35,0.25,0.2", help="budget fractions f of P for the GPT")
+    ap.add_argument("--fracs", default="0.5,0.35,0.25,0.215,0.2", help="budget fractions f of P for the GPT")
     ap.add_argument("--fracs-other", default="0.7,0.5,0.4", help="budget fractions f of P for the CNN and TreeLSTM")
     ap.add_argument("--calib", type=int, default=2, help="plain runs to calibrate P (the plain peak increase)")
     ap.add_argument("--timeout", type=float, default=240.0, help="per worker, seconds")
