@@ -94,6 +94,7 @@ __all__ = ["DTRMode", "Slot"]
 log = logging.getLogger("dtr.runtime")
 _use_count = torch._C._storage_Use_Count
 _expired = torch.UntypedStorage._expired  # StorageWeakRef.expired() without its two Python frames
+_free_weak_ref = torch.UntypedStorage._free_weak_ref
 _POLL_EVERY = 16
 _RECENT_OPS = 4     # see Note [Liveness]
 _MAX_VERSIONS = 8   # see Note [Version chains]
@@ -187,21 +188,26 @@ class _Buf:
 
     def __init__(self, storage: torch.UntypedStorage, owned: bool, shared: bool = False, dropped: bool = False):
         self.strong = storage if owned else None
-        self.weak = None if owned else StorageWeakRef(storage)
+        # A raw weak pointer (what StorageWeakRef wraps, without its Python frames): freed in __del__.
+        self.weak = None if owned else storage._weak_ref()
         self.shared = shared
         self.dropped = dropped
+
+    def __del__(self) -> None:
+        if self.weak is not None and _free_weak_ref is not None:
+            _free_weak_ref(self.weak)
 
     def get(self) -> Optional[torch.UntypedStorage]:
         if self.strong is not None:
             return self.strong
-        if _expired(self.weak.cdata):
+        if _expired(self.weak):
             return None
-        return torch.UntypedStorage._new_with_weak_ptr(self.weak.cdata)
+        return torch.UntypedStorage._new_with_weak_ptr(self.weak)
 
     def dead(self) -> bool:
         if self.strong is not None:
             return self.dropped or (self.shared and _use_count(self.strong._cdata) <= 1)
-        return _expired(self.weak.cdata)
+        return _expired(self.weak)
 
 
 class Slot(NamedTuple):
@@ -686,7 +692,7 @@ class DTRMode(TorchDispatchMode):
             core.abort_call(op)
             raise
         self._commit(op, func, leaves, spec, ins, tpos, sizes, pred.owning, flat_out, plain_writes, const_writes,
-                     rng, cost, None if pending is None else (pending, key))
+                     rng, cost, None if pending is None else (pending, key), key[1])
         return out
 
     def _execute(self, func, args, kwargs, cost: float, key: Any):
@@ -715,12 +721,13 @@ class DTRMode(TorchDispatchMode):
         return out, tree_flatten(out)[0], cost, pending
 
     def _commit(self, op, func, leaves, spec, ins, tpos, sizes, owning, flat_out, plain_writes, const_writes,
-                rng, cost, pending=None) -> None:
+                rng, cost, pending=None, layouts=None) -> None:
         """Register the op's outputs and versions, record it, and finish it in the core.
 
         ``pending``: (measurement, key) when the op's real cost comes later
         (see Note [Measured costs]); deferred once the op has ended, before
-        any compaction could renumber it.
+        any compaction could renumber it. ``layouts``: per leaf, the
+        (shape, stride, dtype) of a tensor, as in the prediction key.
         """
         core = self.core
         outs = core.op_outputs(op)
@@ -766,8 +773,10 @@ class DTRMode(TorchDispatchMode):
             del recent[0]
         self._recent = [h for hs in recent for h in hs]
         if out_slots or writes:  # ops that produce nothing are never recomputed
-            where = {i: k for k, i in enumerate(tpos)}
-            rleaves = [_slot(ins[where[i]], x) if i in where else x for i, x in enumerate(leaves)]
+            rleaves = list(leaves)
+            for k, i in enumerate(tpos):
+                x = leaves[i]
+                rleaves[i] = _slot(ins[k], x) if layouts is None else Slot(ins[k], x.storage_offset(), *layouts[i])
             self.recipes[op] = Recipe(func, rleaves, spec, out_slots, writes, rng)
         for _, old, new in writes:
             if new < 0:
