@@ -782,6 +782,7 @@ void Core::materialize(int t0, bool remat0, bool stop_before_root) {
     std::vector<int> pending;  // inputs that were undefined when the frame began
     size_t i;
     bool waiting;              // the child for pending[i] is on the stack
+    bool released = false;     // finish() gave its locks back
   };
   std::vector<Frame> stack;
   auto begin = [&](int t, bool remat) {
@@ -829,14 +830,37 @@ void Core::materialize(int t0, bool remat0, bool stop_before_root) {
       const int64_t handed = remat ? mark_handover(op_id) : 0;
       make_room(ops_[op_id].total_size - handed);
       compute(t, remat);
+      stack.back().released = true;
       finish(op_id, remat);  // (still wanted here: its unlocks must not free what it just computed)
       stack.pop_back();
       storages_[tensors_[t].storage].wanted -= 1;
     }
-  } catch (...) {  // out of memory or thrashing: the frames are abandoned
-    for (const Frame& f : stack) {
+  } catch (...) {  // out of memory, thrashing or a failed recomputation: the frames are abandoned
+    // An old version handed over to a recomputation that did not finish lost its bytes (the driver
+    // moved them, and the op may have written them): it is evicted below, to be recomputed if needed.
+    std::vector<int> lost;
+    for (const Frame& f : stack)
+      for (int p : ops_[tensors_[f.t].op].inputs) {
+        Storage& s = storages_[tensors_[p].storage];
+        if (s.handed) lost.push_back(tensors_[p].storage);
+        s.handed = false;  // (before any unlock below can evict it: its bytes count as its own again)
+      }
+    // Each frame gives back the locks it took (finish() gave back its own already): the inputs that
+    // were defined when it began, and the pending ones that came back since.
+    for (auto it = stack.rbegin(); it != stack.rend(); ++it) {
+      const Frame& f = *it;
       storages_[tensors_[f.t].storage].wanted -= 1;
-      for (int p : ops_[tensors_[f.t].op].inputs) storages_[tensors_[p].storage].handed = false;
+      if (f.released) continue;
+      std::vector<int> pend(f.pending);
+      for (int p : ops_[tensors_[f.t].op].inputs) {
+        auto u = std::find(pend.begin(), pend.end(), p);
+        if (u != pend.end()) pend.erase(u); else unlock(tensors_[p].storage);
+      }
+      for (size_t k = 0; k < f.i; ++k) unlock(tensors_[f.pending[k]].storage);
+    }
+    for (int sid : lost) {
+      const Storage& s = storages_[sid];
+      if (s.resident && s.locks == 0 && !s.pinned) evict(sid, /*by_heuristic=*/false);
     }
     throw;
   }

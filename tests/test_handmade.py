@@ -461,3 +461,30 @@ def test_a_recomputed_in_place_write_takes_over_its_old_version(handover):
     assert c.counters["memory"] == (30 if handover else 60)
     assert not c.handed(c.storage_of(x))
 
+
+
+def test_a_recomputation_that_runs_out_of_budget_gives_its_locks_back():
+    # b = g(a), a = f(x); a and b are evicted; d and e are locked. Bringing b
+    # back needs a first, and a needs 30 bytes that nothing can free: out of
+    # budget, with x locked by a's abandoned frame. The lock is given back
+    # (it leaked before, so x could never be evicted again).
+    c = Core("largest", budget=70)
+    w = c.constant(0)
+    (x,) = c.call([w], [5], [-1], 1.0)
+    (a,) = c.call([x], [30], [-1], 1.0)
+    (b,) = c.call([a], [30], [-1], 1.0)
+    c.release(a)                          # evicted at once
+    (d,) = c.call([w], [40], [-1], 1.0)   # evicts b, the largest
+    (e,) = c.call([w], [10], [-1], 1.0)
+    assert not c.defined(a) and not c.defined(b)
+    c.lock(c.storage_of(d))
+    c.lock(c.storage_of(e))
+    with pytest.raises(OutOfBudgetError):
+        c.require(b)                      # x 5 + d 40 + e 10 + a 30 > 70, with x locked for a
+    assert c.locks(c.storage_of(x)) == 0
+    c.unlock(c.storage_of(d))
+    c.unlock(c.storage_of(e))
+    c.check()
+    c.require(b)                          # now d and e can go
+    assert c.defined(b)
+    c.check()

@@ -136,6 +136,70 @@ def test_recomputed_in_place_writes_take_over_their_old_versions(monkeypatch, sw
     assert torch.equal(a, ref) and torch.equal(total, ref.sum())
 
 
+@pytest.mark.parametrize("swap", [True, False], ids=["swap", "copy"])
+def test_a_failed_recomputation_after_a_handover_recovers(monkeypatch, swap):
+    """A recomputed in-place write that raises after taking its old version's bytes: the old version
+    is evicted (its bytes may be half written), the locks taken are given back, and a retry computes
+    exact values (regression: the core kept the old version resident, and a retry read garbage)."""
+    from dtr.runtime import mode as mode_mod
+    monkeypatch.setattr(mode_mod, "_SWAP", swap and mode_mod._SWAP)
+
+    class FailingRelu:  # the recipe's op, failing once
+        _schema = torch.ops.aten.relu_.default._schema
+
+        def __call__(self, *args, **kwargs):
+            raise RuntimeError("simulated failure inside relu_")
+    recompute = mode_mod.DTRMode._recompute
+    failed = []
+
+    def failing_once(self, op):
+        r = self.recipes[op]
+        if not failed and r.func is torch.ops.aten.relu_.default:
+            failed.append(op)
+            self.recipes[op] = r._replace(func=FailingRelu())
+            try:
+                return recompute(self, op)
+            finally:
+                self.recipes[op] = r
+        return recompute(self, op)
+    monkeypatch.setattr(mode_mod.DTRMode, "_recompute", failing_once)
+    mib = 2 ** 20
+    x = torch.randn(256, 1024)
+    ref = (x * 2).relu() * 3
+    with dtr.budget(4 * mib + 8192, heuristic="lru", cost_model="flops") as b:
+        with torch.no_grad():
+            a = x * 2
+            a.relu_()
+            a.mul_(3)
+            ys = [x + i for i in range(3)]
+            with pytest.raises(RuntimeError, match="simulated failure"):
+                a.sum()
+            core = b._mode.core
+            core.check()
+            assert all(core.locks(s) == 0 for s in range(core.num_storages) if not core.pinned(s))
+            total = a.sum()
+            del ys
+    assert failed and torch.equal(a, ref) and torch.equal(total, ref.sum())
+
+
+def test_recomputing_an_op_that_changed_its_argument_layout():
+    """as_strided_ changes its argument's offset: the recipe records the layout the op read and wrote
+    as it is after the op (regression: taking shape and stride from before it and the offset from after
+    made a slot past the end of its storage)."""
+    mib = 2 ** 20
+    x = torch.randn(256, 1024)
+    ref = (x * 2).flatten()[128 * 1024:].view(128, 1024)
+    with dtr.budget(4 * mib + 8192, heuristic="lru", cost_model="flops") as b:
+        with torch.no_grad():
+            a = x * 2
+            a.as_strided_((128, 1024), (1024, 1), 128 * 1024)
+            ys = [x + i for i in range(3)]
+            total = a.sum()  # a comes back
+            del ys
+    assert b.stats["remats"] > 0 and b.stats["peak_bytes"] <= 4 * mib + 8192
+    assert torch.equal(a, ref) and torch.equal(total, ref.sum())
+
+
 @pytest.mark.parametrize("heuristic", ["lru", "dtr", "eqclass"])
 def test_recomputing_an_op_whose_other_outputs_were_collected(heuristic):
     """A sibling output the program dropped (and the graph GC collected) stays freed when the op runs again.

@@ -524,11 +524,13 @@ class DTRMode(TorchDispatchMode):
     def _recompute(self, op: int) -> None:
         r = self.recipes[op]
         leaves = [self._view(x) if isinstance(x, Slot) else x for x in r.leaves]
+        moved = []  # storages holding bytes handed over to this op
         for pos, old, new in r.writes:
             if new < 0:  # a constant's side effect: run it on a copy and drop it
                 leaves[pos] = leaves[pos].clone()
             elif self.core.handed(self.core.storage_of(old)):  # the old bytes become the new version's
                 leaves[pos] = self._hand_over(old, new, r.leaves[pos], self._overwrites_all(r, pos, new))
+                moved.append(leaves[pos].untyped_storage())
             else:        # the new version starts as a copy of the old one (unless the op overwrites it all)
                 st = self._refill(new)
                 if not self._overwrites_all(r, pos, new):
@@ -540,6 +542,10 @@ class DTRMode(TorchDispatchMode):
             _set_rng_state(r.rng)
         try:
             out = r.func(*args, **kwargs)
+        except BaseException:
+            for st in moved:  # the new version stays evicted; the core evicts the old one too
+                st.resize_(0)
+            raise
         finally:
             if r.rng is not None:
                 _set_rng_state(saved)
@@ -692,7 +698,7 @@ class DTRMode(TorchDispatchMode):
             core.abort_call(op)
             raise
         self._commit(op, func, leaves, spec, ins, tpos, sizes, pred.owning, flat_out, plain_writes, const_writes,
-                     rng, cost, None if pending is None else (pending, key), key[1])
+                     rng, cost, None if pending is None else (pending, key))
         return out
 
     def _execute(self, func, args, kwargs, cost: float, key: Any):
@@ -721,13 +727,12 @@ class DTRMode(TorchDispatchMode):
         return out, tree_flatten(out)[0], cost, pending
 
     def _commit(self, op, func, leaves, spec, ins, tpos, sizes, owning, flat_out, plain_writes, const_writes,
-                rng, cost, pending=None, layouts=None) -> None:
+                rng, cost, pending=None) -> None:
         """Register the op's outputs and versions, record it, and finish it in the core.
 
         ``pending``: (measurement, key) when the op's real cost comes later
         (see Note [Measured costs]); deferred once the op has ended, before
-        any compaction could renumber it. ``layouts``: per leaf, the
-        (shape, stride, dtype) of a tensor, as in the prediction key.
+        any compaction could renumber it.
         """
         core = self.core
         outs = core.op_outputs(op)
@@ -774,9 +779,8 @@ class DTRMode(TorchDispatchMode):
         self._recent = [h for hs in recent for h in hs]
         if out_slots or writes:  # ops that produce nothing are never recomputed
             rleaves = list(leaves)
-            for k, i in enumerate(tpos):
-                x = leaves[i]
-                rleaves[i] = _slot(ins[k], x) if layouts is None else Slot(ins[k], x.storage_offset(), *layouts[i])
+            for k, i in enumerate(tpos):  # (layouts as they are now: an op such as as_strided_ changes them)
+                rleaves[i] = _slot(ins[k], leaves[i])
             self.recipes[op] = Recipe(func, rleaves, spec, out_slots, writes, rng)
         for _, old, new in writes:
             if new < 0:

@@ -112,7 +112,9 @@ class Evaluation:
 # storage from the old one (Graph.op_overwrites). The core runs it in place
 # the first time: the old version is evicted and the new one takes over its
 # bytes, so the write needs no extra memory (a recomputation later runs out
-# of place, reading a resident old version). A schedule says the same with
+# of place, reading a resident old version, unless the log's semantics hand
+# that over too: the core's Note [Handing bytes over on recomputation], whose
+# trace frees the old version right before the recomputation). A schedule says the same with
 # ``free OLD`` right before ``compute OP``: a storage that OP overwrites and
 # that was freed by the free steps since the previous compute step is handed
 # over to OP, whose inputs on it count as defined if they were when it was
