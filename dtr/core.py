@@ -100,6 +100,11 @@ def _translated() -> _Translated:
     return _TRANSLATED
 
 
+def _core_property(name: str, doc: str) -> property:
+    """A read-only property of :class:`Core` that reads ``name`` of the wrapped ``_C.Core``."""
+    return property(lambda self: getattr(self._core, name), doc=doc)
+
+
 class Core:
     """One DTR core instance: the graph of storages, tensors and ops, and the heuristic.
 
@@ -243,30 +248,12 @@ class Core:
         """Counters: compute, evictions, remats, memory, peak, storage accesses."""
         return self._core.counters()
 
-    @property
-    def clock(self) -> float:
-        return self._core.clock
-
-    # The runtime reads these for every op: direct properties skip __getattr__.
-    @property
-    def budget(self) -> int:
-        """The budget in bytes (-1: none)."""
-        return self._core.budget
-
-    @property
-    def memory(self) -> int:
-        """Bytes resident now, as the core accounts them."""
-        return self._core.memory
-
-    @property
-    def base_compute(self) -> float:
-        """Compute of first computations so far (cost units)."""
-        return self._core.base_compute
-
-    @property
-    def remat_compute(self) -> float:
-        """Compute of recomputations so far (cost units)."""
-        return self._core.remat_compute
+    # Read through for every op by the runtime: class properties skip __getattr__.
+    clock = _core_property("clock", "The core's clock: the sum of the costs computed so far (staleness).")
+    budget = _core_property("budget", "The budget in bytes (-1: none).")
+    memory = _core_property("memory", "Bytes resident now, as the core accounts them.")
+    base_compute = _core_property("base_compute", "Compute of first computations so far (cost units).")
+    remat_compute = _core_property("remat_compute", "Compute of recomputations so far (cost units).")
 
     def __getattr__(self, name: str):
         # Read-only queries (defined, resident, storage_of, score, ...) and hooks.

@@ -15,7 +15,7 @@ from dtr.sim.export import export_schedule
 from dtr.sim.graph import GraphError, PlanGraphError, graph_from_log, plan_graph
 from dtr.sim.replay import baseline, replay
 from dtr.sim.schedule import COMPUTE, FREE, evaluate, load_schedule
-from test_stress import random_log, with_collects
+from test_stress import random_log, with_collects, with_inplace
 
 HEURISTICS = ("dtr", "eqclass", "local", "lru")
 ZOO_LOGS = pathlib.Path(__file__).resolve().parents[1] / "logs"
@@ -184,7 +184,7 @@ def test_export_agrees_with_handed_over_recomputations():
     meta = {"op": "meta", "version": 1, "free_dead_constants": True, "keep_needed": True, "inplace_handover": True}
     checked = handed = 0
     for seed in range(12):
-        lines = with_collects(random_log(seed, steps=250, inplace=True), seed).splitlines()
+        lines = with_collects(with_inplace(random_log(seed, steps=250), seed), seed).splitlines()
         log = parse_text("\n".join([json.dumps(meta)] + lines[1:]) + "\n", path=f"<random {seed}>")
         checked += _agree(log, fracs=(None, 0.7, 0.45, 0.3), thrash=6.0)
         peak = baseline(log)["peak_memory"]
