@@ -26,7 +26,10 @@
 # take, too). Costs are whole nanoseconds, as on CPU (perf_counter_ns), so the
 # core's cost sums stay exact. Events are pooled and reused (recording an
 # event again overwrites it), so timing allocates nothing per op once warm.
-# They are recorded on the current stream of the current device: one CUDA
+# They are recorded on the current stream of the current device, looked up
+# through the raw stream handle (``torch.cuda.Event.record()`` without a stream
+# calls ``torch.cuda.current_stream()``, 30 us of Python per call: two calls
+# per op were 0.11 s of a 0.49 s step of a 12-layer GPT on an H100). One CUDA
 # device per budget is assumed (an event can only be recorded on the device
 # it was first recorded on). Polling stops at the first pending pair not yet
 # complete: with ops on one stream, later pairs cannot be complete either.
@@ -101,6 +104,33 @@ def _cuda_event() -> Any:
     return torch.cuda.Event(enable_timing=True)
 
 
+class _StreamRecorder:
+    """``record(event)`` on the current CUDA stream, without ``torch.cuda.current_stream()``'s Python cost.
+
+    The stream objects are cached by their raw handle (a cheap C call), so a
+    change of stream (``torch.cuda.stream(s)``) is still followed.
+    """
+
+    __slots__ = ("_streams", "_raw", "_record")
+
+    def __init__(self) -> None:
+        self._streams: Dict[Tuple[int, int], Any] = {}
+        self._raw = torch._C._cuda_getCurrentRawStream
+        self._record = torch._C._CudaEventBase.record
+
+    def __call__(self, event: Any) -> None:
+        device = torch._C._cuda_getDevice()
+        key = (device, self._raw(device))
+        stream = self._streams.get(key)
+        if stream is None:
+            stream = self._streams[key] = torch.cuda.current_stream(device)
+        self._record(event, stream)
+
+
+def _plain_record(event: Any) -> None:
+    event.record()
+
+
 class CudaEventTimer:
     """Times ops with CUDA events, resolved lazily (see Note [Timing on CUDA]).
 
@@ -129,6 +159,7 @@ class CudaEventTimer:
         self.max_pending = max_pending
         self.sync = sync
         self._new_event = event_factory or _cuda_event
+        self._record = _plain_record if event_factory is not None else _StreamRecorder()
         self._free: List[Any] = []
         self.pending: Deque[_Pending] = deque()
         self.forced_syncs = 0   # end.synchronize() calls forced by max_pending
@@ -142,13 +173,13 @@ class CudaEventTimer:
 
     def start(self) -> Tuple[Any, int]:
         ev = self._event()
-        ev.record()
+        self._record(ev)
         return ev, time.perf_counter_ns()
 
     def stop(self, token: Tuple[Any, int]) -> Union[float, _Pending]:
         start, t0 = token
         end = self._event()
-        end.record()
+        self._record(end)
         host_ns = float(time.perf_counter_ns() - t0)
         if self.sync:
             end.synchronize()
