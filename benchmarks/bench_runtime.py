@@ -2,7 +2,7 @@
 
 Usage:
     python benchmarks/bench_runtime.py [--rounds 5] [--threads 1] [--models gpt,cnn,treelstm]
-                                       [--smoke] [--out benchmarks/RUNTIME.md]
+                                       [--device cpu|cuda] [--cfg JSON] [--smoke] [--out benchmarks/RUNTIME.md]
 
 For each model (a GPT-style transformer in plain torch, a ResNet-ish CNN with
 BatchNorm / in-place ReLU / residual ``+=``, a recursive TreeLSTM over a
@@ -22,6 +22,11 @@ measured *independently of dtr* (DESIGN.md section 7):
   runs the measured steps and reports ``VmHWM - base``;
 * variants are alternated in a shuffled order over several rounds; the report
   quotes the median over rounds of the per-round ratio to plain (time and peak).
+
+With ``--device cuda`` the models run on the GPU and the peak is
+``torch.cuda.max_memory_allocated()`` minus ``memory_allocated()`` after
+warm-up (cuBLAS's workspaces are already there), each step timed between two
+device synchronizations.
 
 Budgets: ``B(f) = C + f * P`` where ``C`` is the bytes of the tensors that exist
 before the step and that it uses (parameters, buffers, inputs and the
@@ -219,7 +224,11 @@ def worker(spec: dict) -> dict:
     torch.set_num_interop_threads(1)
     import dtr
 
+    cuda = spec.get("device", "cpu") == "cuda"
     model, inputs, loss_fn = build(spec["model"], spec["cfg"])
+    if cuda:
+        model = model.cuda()
+        inputs = tuple(x.cuda() for x in inputs)
     model.train()
     params = list(model.parameters())
     for p in params:  # gradients persist across steps (zeroed in place): they are part of C
@@ -237,7 +246,7 @@ def worker(spec: dict) -> dict:
             loss.backward()
         else:
             with dtr.budget(limit, cost_model=spec.get("cost_model", "time"),
-                            heuristic=spec.get("heuristic", "eqclass")) as b:
+                            heuristic=spec.get("heuristic", "eqclass"), device="cuda" if cuda else None) as b:
                 loss = loss_fn(model, *inputs)
                 loss.backward()
             stats = b.stats
@@ -247,17 +256,26 @@ def worker(spec: dict) -> dict:
     try:
         for i in range(spec["warmup"]):
             step(100)
-        # Clean reference point: reset the high-water mark and take the base RSS.
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-        base = _status()["rss"]
+        # Clean reference point: reset the high-water mark and take the base RSS (or the GPU's allocation).
+        if cuda:
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            base = torch.cuda.memory_allocated()
+        else:
+            with open("/proc/self/clear_refs", "w") as f:
+                f.write("5")
+            base = _status()["rss"]
         for i in range(spec["steps"]):
+            if cuda:
+                torch.cuda.synchronize()
             t = time.perf_counter()
             loss, stats = step(100)  # the same seed each step: every variant computes the same values
+            if cuda:
+                torch.cuda.synchronize()
             out["times"].append(time.perf_counter() - t)
             out["stats"].append(stats)
-        s = _status()
-        out["base_rss"], out["hwm"], out["increase"] = base, s["hwm"], s["hwm"] - base
+        hwm = torch.cuda.max_memory_allocated() if cuda else _status()["hwm"]
+        out["base_rss"], out["hwm"], out["increase"] = base, hwm, hwm - base
         out["loss"] = float(loss)
         out["grad_sum"] = float(sum(p.grad.double().abs().sum() for p in params))
     except Exception as e:  # recorded in the report, never patched around
@@ -272,8 +290,9 @@ def run_worker(spec: dict, timeout: float) -> dict:
         env["MALLOC_MMAP_THRESHOLD_"] = "65536"
     else:
         env.pop("MALLOC_MMAP_THRESHOLD_", None)
-    if DTR_PATH:  # a frozen copy of the dtr package (the working tree may change during a long run)
-        env["PYTHONPATH"] = DTR_PATH + os.pathsep + env.get("PYTHONPATH", "")
+    # A frozen copy of the dtr package first (the working tree may change during a long run), then this
+    # checkout (where dtr is built in place but not installed).
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (DTR_PATH, env.get("PYTHONPATH"), str(ROOT)) if p)
     t = time.perf_counter()
     try:
         p = subprocess.run([sys.executable, __file__, "--worker", json.dumps(spec)], capture_output=True,
@@ -349,6 +368,10 @@ def main() -> None:
     ap.add_argument("--allocator", default="mmap", choices=("mmap", "default"),
                     help="glibc settings of the workers: 'mmap' (MALLOC_MMAP_THRESHOLD_=65536, honest RSS peaks) or "
                          "'default' (as a user runs: realistic times, peaks inflated by the retained heap)")
+    ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
+                    help="where the models run (cuda: peaks from torch.cuda.max_memory_allocated)")
+    ap.add_argument("--cfg", default=None,
+                    help='JSON: per-model size overrides, e.g. \'{"gpt": {"layers": 12, "d": 1024}}\'')
     ap.add_argument("--out", default=None)
     ap.add_argument("--raw", default=None, help="also write every run's raw result (JSON) here")
     a = ap.parse_args()
@@ -362,6 +385,10 @@ def main() -> None:
     global DTR_PATH
     DTR_PATH = a.dtr_path
     models = a.models.split(",")
+    for m, over in (json.loads(a.cfg) if a.cfg else {}).items():
+        if m not in SIZES:
+            raise SystemExit(f"--cfg: unknown model {m!r} (valid: {', '.join(SIZES)})")
+        SIZES[m] = tuple({**size, **over} for size in SIZES[m])
     fracs = {m: [float(f) for f in (a.fracs if m == "gpt" else a.fracs_other).split(",")] for m in models}
     shuffle = random.Random(a.seed)
     t_start = time.perf_counter()
@@ -370,7 +397,7 @@ def main() -> None:
     def spec(model, variant, limit=None, allocator=a.allocator):
         return {"model": model, "variant": variant, "limit": limit, "cfg": SIZES[model][1 if a.smoke else 0],
                 "threads": a.threads, "steps": a.steps, "warmup": a.warmup, "heuristic": a.heuristic,
-                "cost_model": a.cost_model, "allocator": allocator}
+                "cost_model": a.cost_model, "allocator": allocator, "device": a.device}
 
     # 1. Calibration: the plain step's peak increase P and the constants C.
     calib = {}
@@ -472,7 +499,7 @@ def render(a, models, fracs, calib, results, elapsed, load_start) -> str:
          f"{datetime.datetime.now().strftime('%Y-%m-%d %H:%M')}: {platform.machine()}, {os.cpu_count()} CPUs "
          f"({_cpu_name()}), Linux {platform.release()}, Python {platform.python_version()}, torch {torch.__version__}; "
          f"{a.threads} torch/OMP thread(s), "
-         f"{'`MALLOC_MMAP_THRESHOLD_=65536`' if a.allocator == 'mmap' else 'the default glibc allocator (peaks are NOT independent: the heap keeps freed memory)'}; "
+         f"{_gpu_name() + ', peaks from the CUDA allocator' if a.device == 'cuda' else '`MALLOC_MMAP_THRESHOLD_=65536`' if a.allocator == 'mmap' else 'the default glibc allocator (peaks are NOT independent: the heap keeps freed memory)'}; "
          f"{a.rounds} round(s)"
          f"{f' ({a.slow_rounds} for the budgeted variants of slow models)' if a.slow_rounds is not None else ''}, "
          f"{a.warmup} warm-up + {a.steps} measured step(s) per fresh worker process; heuristic {a.heuristic}, "
@@ -481,9 +508,12 @@ def render(a, models, fracs, calib, results, elapsed, load_start) -> str:
          f"a variant that failed in its first two rounds is not repeated; "
          f"load average {load_start[0]:.2f} at the start, {os.getloadavg()[0]:.2f} at the end; "
          f"total {elapsed / 60:.1f} min.", "",
-         "Peak = the process's `VmHWM` − `VmRSS` after warm-up (reset via `/proc/self/clear_refs`), measured in a "
-         "fresh process per variant and round, independently of dtr's accounting. A step = zero grads in place, "
-         "forward, loss, backward (no optimizer step); gradients persist across steps. "
+         ("Peak = `torch.cuda.max_memory_allocated()` − `memory_allocated()` after warm-up, on the GPU; each step "
+          "timed between two `torch.cuda.synchronize()`; a fresh process per variant and round. A step"
+          if a.device == "cuda" else
+          "Peak = the process's `VmHWM` − `VmRSS` after warm-up (reset via `/proc/self/clear_refs`), measured in a "
+          "fresh process per variant and round, independently of dtr's accounting. A step")
+         + " = zero grads in place, forward, loss, backward (no optimizer step); gradients persist across steps. "
          "Budgets are `C + f·P`: C = parameters + buffers + inputs + gradients (tensors existing before the step), "
          "P = the plain step's measured peak increase (median of calibration runs). "
          "Ratios are medians over rounds of the per-round ratio to plain in the same round.", ""]
@@ -527,7 +557,7 @@ def render(a, models, fracs, calib, results, elapsed, load_start) -> str:
     def mark(ok):
         return "**MET**" if ok else "**NOT MET**"
 
-    peaks = a.allocator == "mmap"  # see Note [Allocator settings]
+    peaks = a.allocator == "mmap" or a.device == "cuda"  # see Note [Allocator settings]
     if not peaks:
         L.append("- Peaks are not judged: under the default allocator the RSS high-water mark counts memory the "
                  "heap kept after frees (measure them with `--allocator mmap`).")
@@ -598,6 +628,11 @@ def _git_head() -> str:
                               text=True).stdout.strip() or "?"
     except OSError:
         return "?"
+
+
+def _gpu_name() -> str:
+    import torch
+    return torch.cuda.get_device_name() if torch.cuda.is_available() else "no GPU"
 
 
 def _cpu_name() -> str:
