@@ -215,6 +215,34 @@ def test_compiled_function_inside_the_budget():
     assert _get_current_dispatch_mode() is None
 
 
+def test_compiled_kernels_never_read_an_evicted_input():
+    """Compiled code under dtr runs its ops eagerly, through dtr, so an evicted input comes back first.
+
+    Stepping aside (``ignore_compile_internals``) would let inductor's fused
+    kernel read an input dtr had evicted by raw pointer: this very program
+    crashed with a segmentation fault that way (docs/runtime-design.md,
+    "torch.compile").
+    """
+    from dtr.runtime.mode import DTRMode
+    assert not DTRMode.ignore_compile_internals()
+    torch.manual_seed(0)
+    x = torch.randn(256, 128)
+    pointwise = torch.compile(lambda h: torch.relu(h) * 1.5 + 0.1)
+
+    def run():
+        hs, h = [], x
+        for _ in range(8):
+            h = torch.tanh(h) + 1.0
+            hs.append(h)
+        return [pointwise(t).sum() for t in hs]  # the first ones were evicted to make room for the last
+
+    ref = run()
+    with dtr.budget(x.numel() * 4 + 4 * x.numel() * 4, cost_model="flops") as b:
+        got = run()
+    assert b.stats["evictions"] > 0 and b.stats["remats"] > 0
+    assert all(torch.equal(a, c) for a, c in zip(got, ref))
+
+
 # -------------------------------------------------------------- many steps
 
 STEPS = 50

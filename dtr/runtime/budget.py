@@ -154,6 +154,13 @@ def budget(limit: Union[None, int, str], *, heuristic: Union[str, Heuristic] = "
     When an op would exceed the budget, dtr evicts the storages the heuristic
     ranks cheapest and recomputes them when they are needed again.
 
+    ``torch.compile``: inside the block, compiled functions run their ops
+    eagerly (dynamo falls back under a dispatch mode that does not ignore
+    compiled code), so dtr tracks them and results equal eager PyTorch's; the
+    compilation's speed-up is lost there. dtr does not let compiled kernels
+    run unseen: they read their inputs by raw pointer, so an input dtr had
+    evicted would be read as freed memory (docs/runtime-design.md).
+
     Args:
         limit: bytes, a string such as ``"6GiB"`` or ``"500MB"`` (KiB/MiB/GiB
             1024-based, KB/MB/GB 1000-based), or None (no limit: track and record).
