@@ -518,3 +518,46 @@ def test_flops_cost_model_uses_torch_flop_formulas():
     assert model.estimate(conv, args, {}, [conv(*args)]) == 2 * 8 * 24 * 32 * 32 * 27
     relu = torch.ops.aten.relu.default  # no formula: elements read and written
     assert model.estimate(relu, (x,), {}, [relu(x)]) == 2 * x.numel()
+
+
+class _Executed(torch.utils._python_dispatch.TorchDispatchMode):
+    """Entered before dtr's mode, so it sees each op when dtr runs it (not the meta runs that predict sizes)."""
+
+    def __init__(self, events):
+        super().__init__()
+        self.events = events
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if kwargs.get("device") != torch.device("meta"):
+            self.events.append(("run", func._schema.name))
+        return func(*args, **kwargs)
+
+
+@pytest.mark.parametrize("factory", ["ones", "randn", "arange"])
+def test_a_factory_makes_room_before_it_allocates(monkeypatch, factory):
+    """torch.ones / randn / arange have no tracked input: the core still evicts before they allocate
+    (regression: they were accounted for after running, over the budget by their outputs)."""
+    from dtr.runtime import mode as mode_mod
+    events = []
+    evict = mode_mod.DTRMode._on_evict
+    monkeypatch.setattr(mode_mod.DTRMode, "_on_evict", lambda self, s: (events.append(("evict", s)), evict(self, s)))
+    n = 1 << 16  # floats: 256 KiB per tensor
+    make = {"ones": lambda: torch.ones(n), "randn": lambda: torch.randn(n),
+            "arange": lambda: torch.arange(n, dtype=torch.float32)}[factory]
+    x = torch.randn(n)
+    with _Executed(events):
+        with dtr.budget(5 * 4 * n, cost_model="flops") as b:
+            hs = [x * 2]
+            for _ in range(3):
+                hs.append(hs[-1] * 2)  # x and 4 activations: the budget is full
+            events.clear()
+            y = make()
+            order = list(events)
+            assert b.stats["peak_bytes"] <= 5 * 4 * n
+            assert y.shape == (n,)
+            del hs[1:]  # room to bring the rest back at the end of the block
+    runs = [i for i, e in enumerate(order) if e[0] == "run"]
+    evictions = [i for i, e in enumerate(order) if e[0] == "evict"]
+    assert evictions and runs and max(evictions) < runs[0], order
+    assert torch.equal(hs[0], x * 2)

@@ -799,16 +799,76 @@ class DTRMode(TorchDispatchMode):
                 raise ThrashingError(rc, (limit - 1) * base, f"while running {func}")
 
     def _run_untracked_inputs(self, func, args, kwargs, leaves, spec):
-        """An op without tracked inputs: a factory (zeros, randn) is tracked by its outputs."""
+        """An op without tracked inputs: a factory (zeros, randn) is tracked by its outputs.
+
+        A factory on the budget's device makes room before it allocates (see
+        Note [Factories]); any other op is accounted for after it ran.
+        """
         rng = None
         if torch.Tag.nondeterministic_seeded in func.tags and self.device_type is not None:
             rng = _rng_state(torch.device(self.device_type))
-        out = func(*args, **kwargs)
-        flat_out = tree_flatten(out)[0]
-        owning = [i for i, o in enumerate(flat_out) if self._trackable(o)]
+        reserved = self._reserve_factory(func, args, kwargs, leaves)
+        if reserved is not None:
+            op, sizes, predicted, metas = reserved
+            try:
+                out = func(*args, **kwargs)
+            except BaseException:
+                self.core.abort_call(op)
+                raise
+            flat_out = tree_flatten(out)[0]
+            owning = [i for i, o in enumerate(flat_out) if self._trackable(o)]
+            if owning == predicted and [flat_out[i].untyped_storage().nbytes() for i in owning] == sizes:
+                self.ops_seen += 1
+                cost = 1.0 if self.cost_model.measured else self.cost_model.estimate(func, (), {}, metas)
+                self._commit(op, func, leaves, spec, [], [], sizes, owning, flat_out, [], [], rng, cost)
+                return out
+            self.core.abort_call(op)  # the meta run was wrong about it: account for what it made
+        else:
+            out = func(*args, **kwargs)
+            flat_out = tree_flatten(out)[0]
+            owning = [i for i, o in enumerate(flat_out) if self._trackable(o)]
         if not owning:
             return out
         return self._account_after(func, out, flat_out, owning, leaves, spec, [], [], rng)
+
+    # Note [Factories]
+    # A factory (torch.ones, arange, randn, empty, full, and _to_copy onto the
+    # device) has no tracked input, so the general path cannot make room for it
+    # first. When its ``device`` argument names the budget's device, it runs
+    # once on the meta device (cached by op and arguments, as for every op) and
+    # the core makes room for its outputs before it allocates; the recorded
+    # call is the same as when it was accounted for afterwards, so replays and
+    # decisions do not change. Ops without a device argument, or whose meta run
+    # fails or disagrees, are still accounted for after they ran.
+    def _reserve_factory(self, func, args, kwargs, leaves):
+        """(op, sizes, output positions, meta outputs) with room made for a factory's outputs, or None."""
+        if self.device_type is None or not _has_device_argument(func):
+            return None
+        device = kwargs.get("device")
+        if (torch.device(device).type if device is not None else "cpu") != self.device_type:
+            return None
+        key = (func, "factory", tuple((tuple(x.shape), tuple(x.stride()), x.dtype, x.device)
+                                      if isinstance(x, torch.Tensor) else _hashable(x) for x in leaves))
+        pred = self.predictions.get(key)
+        if pred is None:
+            try:
+                mout = tree_flatten(func(*args, **dict(kwargs, device=torch.device("meta"))))[0]
+                owning = [i for i, o in enumerate(mout) if isinstance(o, torch.Tensor) and o.is_meta
+                          and o.layout == torch.strided]
+                pred = _Prediction([mout[i].untyped_storage().nbytes() for i in owning], owning,
+                                   [mout[i] for i in owning])
+            except Exception:  # no meta kernel, or an argument the meta device refuses (pin_memory)
+                pred = _Prediction(None, None, [])
+            if len(self.predictions) >= _MAX_PREDICTIONS:
+                self.predictions.clear()
+            self.predictions[key] = pred
+        if pred.sizes is None or not pred.sizes:
+            return None
+        sizes = list(pred.sizes)
+        if self.core.budget >= 0 and self.core.memory + sum(sizes) > self.core.budget:
+            self.poll()  # what the program dropped is room too
+        op = self.core.begin_call([], sizes, [-1] * len(sizes), [], 0.0)
+        return op, sizes, pred.owning, pred.metas
 
     def _run_unpredicted(self, func, args, kwargs, leaves, spec, ins, tpos):
         """An op whose output sizes could not be predicted: run, then account (may overshoot by its outputs)."""
@@ -928,6 +988,17 @@ class DTRMode(TorchDispatchMode):
             self.core.pin(t)
         if self.timer is not None:
             self.timer.flush()  # the device's last measurements (one wait, at the end of the block)
+
+
+_DEVICE_ARGUMENT: Dict[Any, bool] = {}
+
+
+def _has_device_argument(func: Any) -> bool:
+    """Whether the op's schema takes a ``device`` (factories and device copies), cached per overload."""
+    got = _DEVICE_ARGUMENT.get(func)
+    if got is None:
+        got = _DEVICE_ARGUMENT[func] = any(a.name == "device" for a in func._schema.arguments)
+    return got
 
 
 def _hashable(x: Any) -> Any:
