@@ -133,7 +133,12 @@ int Core::begin_call(const std::vector<int>& inputs, const std::vector<int64_t>&
     lock_inputs(op_id);
     return op_id;
   }
-  materialize(op.outputs[0], /*remat=*/false, /*stop_before_root=*/true);
+  try {
+    materialize(op.outputs[0], /*remat=*/false, /*stop_before_root=*/true);
+  } catch (...) {  // the op will not run: materialize gave its locks back; its outputs are dropped
+    drop_outputs(op_id);
+    throw;
+  }
   return op_id;
 }
 
@@ -258,7 +263,11 @@ void Core::lock_inputs(int op_id) {
 void Core::abort_call(int op_id) {
   Op& op = ops_.at(op_id);
   for (int p : op.inputs) unlock(tensors_[p].storage);
-  for (int t : op.outputs) {
+  drop_outputs(op_id);
+}
+
+void Core::drop_outputs(int op_id) {
+  for (int t : ops_[op_id].outputs) {
     Tensor& x = tensors_[t];
     Storage& s = storages_[x.storage];
     s.refs -= x.refs;
@@ -822,9 +831,11 @@ void Core::materialize(int t0, bool remat0, bool stop_before_root) {
       const bool remat = f.remat;
       const int op_id = tensors_[t].op;
       if (stop_before_root && stack.size() == 1) {  // begin_call: the driver runs the op itself
+        // (room first, with the frame still on the stack: if there is none, the catch below gives
+        // its locks back)
+        make_room(ops_[op_id].total_size - ops_[op_id].inplace_bytes);
         stack.pop_back();
         storages_[tensors_[t].storage].wanted -= 1;
-        make_room(ops_[op_id].total_size - ops_[op_id].inplace_bytes);
         return;
       }
       const int64_t handed = remat ? mark_handover(op_id) : 0;

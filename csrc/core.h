@@ -128,7 +128,9 @@ class Core {
   // begin_call creates the op and its outputs (one reference each), brings the
   // inputs back, locks them and makes room for the outputs. inplace_of[i] >= 0
   // marks output i as a new version of input inplace_of[i] (sizes[i] is then
-  // that storage's size, and no room is made for it). Returns the op id.
+  // that storage's size, and no room is made for it). Returns the op id. If
+  // making room fails (out of budget, thrashing), it throws with nothing left
+  // locked and the outputs dropped: no abort_call is needed.
   int begin_call(const std::vector<int>& inputs, const std::vector<int64_t>& sizes, const std::vector<int>& alias_of,
                  const std::vector<int>& inplace_of, double cost);
   // The real op ran (and cost `cost`): account for it and unlock the inputs.
@@ -330,6 +332,7 @@ class Core {
   void free_if_unneeded(int s);
   void touch_parents(int op);
   void lock_inputs(int op);  // see Note [Ops without outputs] in core.cpp
+  void drop_outputs(int op);  // an op that will not run: its outputs lose their references, unborn ones are banished
   void count_uf_nbrs(int sid, int delta);
   void uf_leave(int sid);
   void uf_leave_all(const std::vector<int>& sids);

@@ -488,3 +488,23 @@ def test_a_recomputation_that_runs_out_of_budget_gives_its_locks_back():
     c.require(b)                          # now d and e can go
     assert c.defined(b)
     c.check()
+
+
+def test_a_call_without_room_for_its_outputs_gives_its_locks_back():
+    # The inputs are back and locked, then there is no room for the outputs: the call fails, and
+    # neither the inputs' locks nor the outputs' references stay behind (regression: begin_call
+    # dropped the root frame before making room, so its locks leaked and x could never be evicted).
+    c = Core("largest", budget=100)
+    w = c.constant(0)
+    (x,) = c.call([w], [40], [-1], 1.0)
+    (y,) = c.call([w], [40], [-1], 1.0)
+    c.lock(c.storage_of(y))
+    with pytest.raises(OutOfBudgetError):
+        c.begin_call([x], [30], [-1], [-1], 1.0)  # x 40 + y 40 + 30 > 100, and both are locked
+    assert c.locks(c.storage_of(x)) == 0
+    c.check()
+    c.unlock(c.storage_of(y))
+    c.release(y)
+    (z,) = c.call([x], [30], [-1], 1.0)              # fits now
+    assert c.defined(z)
+    c.check()
