@@ -1,14 +1,31 @@
-"""Shared fixtures: paths to the hand-made logs and to the published simrd logs."""
+"""Shared fixtures: paths to the hand-made logs and to the published simrd logs; no runtime state shared
+between tests."""
 from __future__ import annotations
 
 import os
 import pathlib
+import sys
 
 import pytest
 
 DATA = pathlib.Path(__file__).parent / "data"
 SHARED = pathlib.Path(os.environ.get("DTR_SHARED", pathlib.Path(__file__).resolve().parents[2] / "shared"))
 SIMRD_LOGS = SHARED / "simrd-logs"
+
+
+@pytest.fixture(autouse=True)
+def _nothing_carried_over_from_an_earlier_test():
+    """Each test's first block starts without the storages an earlier test's blocks left resident.
+
+    A block remembers what the program still holds for the next block (Note
+    [Constants from earlier blocks] in dtr/runtime/mode.py). Between tests that
+    is only ever garbage, but not always dead garbage: pytest keeps a failed
+    test's traceback, and with it that test's model, so the next test's budget
+    would count it and one real failure would make unrelated ones.
+    """
+    mode = sys.modules.get("dtr.runtime.mode")  # never imported (no torch): nothing to clear
+    if mode is not None:
+        mode._CARRIED.clear()
 
 
 @pytest.fixture

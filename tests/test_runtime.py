@@ -13,6 +13,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import dtr  # noqa: E402
+from dtr.runtime.mode import _SWAP  # noqa: E402
 from dtr.sim import replay  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(__file__))
@@ -44,6 +45,12 @@ def budget_at(model, x, y, f):
     return int(const + f * (plain_peak(model, x, y) - const))
 
 
+# The O(1) way of bringing a recomputed value back (Note [Adopting recomputed bytes] in dtr/runtime/mode.py)
+# needs UntypedStorage._swap_data_ptr_, which older torch (2.11) lacks; there the runtime copies instead.
+NO_SWAP = pytest.mark.skipif(not _SWAP, reason=f"torch {torch.__version__} lacks UntypedStorage._swap_data_ptr_: "
+                             "the runtime copies recomputed values (the copy case covers that)")
+
+
 MODELS = {
     "mlp": lambda: (mlp(), torch.randn(2048, 256), torch.randint(0, 10, (2048,))),
     "cnn": lambda: (cnn(), torch.randn(8, 3, 16, 16), torch.randint(0, 10, (8,))),
@@ -72,11 +79,11 @@ def test_exact_gradients_and_buffers_within_budget(name, heuristic, f):
         assert b.stats["evictions"] > 0 and b.stats["remats"] > 0
 
 
-@pytest.mark.parametrize("adopt", [True, False], ids=["adopt", "copy"])
+@pytest.mark.parametrize("adopt", [pytest.param(True, marks=NO_SWAP), False], ids=["adopt", "copy"])
 def test_recomputed_bytes_adopted_or_copied_are_exact(monkeypatch, adopt):
     """Both ways of bringing a recomputed value back (see Note [Adopting recomputed bytes])."""
     from dtr.runtime import mode as mode_mod
-    monkeypatch.setattr(mode_mod, "_SWAP", adopt and mode_mod._SWAP)
+    monkeypatch.setattr(mode_mod, "_SWAP", adopt)
     calls = {"adopted": 0, "copied": 0}
     adopt_fn, refill_fn = mode_mod.DTRMode._adopt, mode_mod.DTRMode._refill
 
@@ -105,13 +112,13 @@ def test_recomputed_bytes_adopted_or_copied_are_exact(monkeypatch, adopt):
         assert calls["adopted"] == 0 and calls["copied"] > 0
 
 
-@pytest.mark.parametrize("swap", [True, False], ids=["swap", "copy"])
+@pytest.mark.parametrize("swap", [pytest.param(True, marks=NO_SWAP), False], ids=["swap", "copy"])
 def test_recomputed_in_place_writes_take_over_their_old_versions(monkeypatch, swap):
     """Bringing back a value written in place twice reruns both writes on one buffer (the core's Note
     [Handing bytes over on recomputation]); the values are exact and the budget holds, with the O(1) buffer
     swap or with its fallback (copy, then free the old buffer at once)."""
     from dtr.runtime import mode as mode_mod
-    monkeypatch.setattr(mode_mod, "_SWAP", swap and mode_mod._SWAP)
+    monkeypatch.setattr(mode_mod, "_SWAP", swap)
     handed = []
     hand_over = mode_mod.DTRMode._hand_over
 
@@ -136,13 +143,13 @@ def test_recomputed_in_place_writes_take_over_their_old_versions(monkeypatch, sw
     assert torch.equal(a, ref) and torch.equal(total, ref.sum())
 
 
-@pytest.mark.parametrize("swap", [True, False], ids=["swap", "copy"])
+@pytest.mark.parametrize("swap", [pytest.param(True, marks=NO_SWAP), False], ids=["swap", "copy"])
 def test_a_failed_recomputation_after_a_handover_recovers(monkeypatch, swap):
     """A recomputed in-place write that raises after taking its old version's bytes: the old version
     is evicted (its bytes may be half written), the locks taken are given back, and a retry computes
     exact values (regression: the core kept the old version resident, and a retry read garbage)."""
     from dtr.runtime import mode as mode_mod
-    monkeypatch.setattr(mode_mod, "_SWAP", swap and mode_mod._SWAP)
+    monkeypatch.setattr(mode_mod, "_SWAP", swap)
 
     class FailingRelu:  # the recipe's op, failing once
         _schema = torch.ops.aten.relu_.default._schema
@@ -379,11 +386,14 @@ def test_budget_holds_by_rss_high_water_mark(tmp_path, keep_grads, width, batch)
     const = constant_bytes(model, x, y) + grads
     limit = const + int(0.5 * plain)
     got = run("dtr", str(limit), *shape)
-    one_op = batch * width * 4  # one op's output (documented slack)
+    one_op = batch * width * 4  # one op's output (documented slack), the largest any op here makes
     if keep_grads:
         assert grads > one_op  # counting them only from the backward on would show
+    # Without UntypedStorage._swap_data_ptr_ (older torch), a recomputed output is copied into its
+    # storage, so one op's outputs are held twice for a moment (Note [Adopting recomputed bytes]).
+    slack = one_op if _SWAP else 2 * one_op
     assert got["stats"]["evictions"] > 0
-    assert got["increase"] <= int(0.5 * plain) + one_op, (got["increase"], plain)
+    assert got["increase"] <= int(0.5 * plain) + slack, (got["increase"], plain, slack)
 
 
 def test_a_block_counts_what_earlier_blocks_touched_from_its_first_op():

@@ -18,10 +18,12 @@
 # 0 bytes, so the swap is allowed) and drops the now empty output. On the GPT
 # benchmark at 15% the copies and refills were 0.64 s of 1.42 s spent
 # recomputing. A layout mismatch, two outputs sharing one buffer, or a torch
-# without the method falls back to refill-and-copy. Likewise a recomputed
-# in-place op starts its new version as a copy of the old one only if it reads
-# it: a fill or in-place sampler (dropout's bernoulli_) that covers its whole
-# storage gets a fresh buffer (effects.overwrites_self).
+# without the method (2.11 has none) falls back to refill-and-copy, which holds
+# the op's outputs twice for a moment: the real peak can pass the budget by
+# them. Likewise a recomputed in-place op starts its new version as a copy of
+# the old one only if it reads it: a fill or in-place sampler (dropout's
+# bernoulli_) that covers its whole storage gets a fresh buffer
+# (effects.overwrites_self).
 #
 # Note [Constants from earlier blocks]
 # A constant enters the core when an op first touches it, so a step counted
