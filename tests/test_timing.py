@@ -364,3 +364,32 @@ def test_cpu_time_model_uses_the_wall_timer():
 
 
 # The CUDA runs of the event timer (exactness, the budget by the allocator, recording): tests/test_cuda.py.
+
+
+def test_stream_recorder_caches_streams_by_handle_and_follows_a_change(monkeypatch):
+    """Events are recorded on the current stream, looked up by its raw handle (one Python-level
+    current_stream() per new stream, not per event), and a change of stream is followed."""
+    from dtr.runtime import timing
+    current = {"raw": 111}
+    looked_up, recorded = [], []
+
+    class FakeEventBase:
+        @staticmethod
+        def record(event, stream):
+            recorded.append((event, stream))
+
+    monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: 0, raising=False)
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda device: current["raw"], raising=False)
+    monkeypatch.setattr(torch._C, "_CudaEventBase", FakeEventBase, raising=False)
+    monkeypatch.setattr(torch.cuda, "current_stream",
+                        lambda device=None: looked_up.append(current["raw"]) or f"stream{current['raw']}")
+    record = timing._StreamRecorder()
+    for e in ("a", "b", "c"):
+        record(e)
+    current["raw"] = 222  # torch.cuda.stream(s)
+    record("d")
+    current["raw"] = 111
+    record("e")
+    assert recorded == [("a", "stream111"), ("b", "stream111"), ("c", "stream111"), ("d", "stream222"),
+                        ("e", "stream111")]
+    assert looked_up == [111, 222]
