@@ -11,11 +11,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from dtr.errors import DtrError, LogFormatError, OutOfBudgetError, ThrashingError
+from dtr.errors import BudgetWarning, DtrError, LogFormatError, OutOfBudgetError, ThrashingError
 from dtr.heuristics import Heuristic, heuristic_names, register_heuristic
 from dtr.units import parse_bytes
 
-__all__ = ["budget", "DtrError", "LogFormatError", "OutOfBudgetError", "ThrashingError", "Heuristic",
+__all__ = ["budget", "DtrError", "LogFormatError", "OutOfBudgetError", "ThrashingError", "BudgetWarning", "Heuristic",
            "heuristic_names", "register_heuristic", "parse_bytes"]
 __version__ = "0.1.0"
 

@@ -239,6 +239,10 @@ class Core:
         with _translated():
             self._core.release(t)
 
+    def set_budget(self, budget: Optional[int]) -> None:
+        """Change the budget (bytes; None: no limit). Nothing is evicted now: the next call makes room."""
+        self._core.budget = -1 if budget is None else int(budget)
+
     def check(self) -> None:
         """Check every invariant of the core; raises RuntimeError naming the first violated."""
         self._core.check()

@@ -1,7 +1,7 @@
 """Exceptions that dtr raises for user errors and infeasible runs."""
 from __future__ import annotations
 
-__all__ = ["DtrError", "LogFormatError", "BudgetError", "OutOfBudgetError", "ThrashingError"]
+__all__ = ["DtrError", "LogFormatError", "BudgetError", "OutOfBudgetError", "ThrashingError", "BudgetWarning"]
 
 
 class DtrError(Exception):
@@ -51,3 +51,12 @@ class ThrashingError(DtrError, RuntimeError):
         msg = (f"thrashing: rematerialization compute {self.remat_compute:g} passed the limit {self.limit:g}; "
                f"raise the budget or the thrash limit")
         super().__init__(msg + (f" ({detail})" if detail else ""))
+
+
+class BudgetWarning(UserWarning):
+    """A ``dtr.budget`` block could not give the program back all of its tensors.
+
+    Issued when a block left by an exception could not bring back the tensors
+    the program holds (a recomputation failed too): those dtr had evicted
+    have no bytes and must not be used.
+    """

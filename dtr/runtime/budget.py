@@ -4,12 +4,14 @@ from __future__ import annotations
 import gc
 import math
 import os
+import warnings
 from typing import Optional, Union
 
 import torch
 from torch.utils._python_dispatch import _disable_current_modes
 
 from dtr.core import Core
+from dtr.errors import BudgetWarning, OutOfBudgetError, ThrashingError
 from dtr.heuristics import Heuristic, get_heuristic
 from dtr.runtime.costs import get_cost_model
 from dtr.runtime.escapes import patch_escapes
@@ -117,9 +119,18 @@ class Budget:
         try:
             self._restore_escapes()
             mode.__exit__(exc_type, exc, tb)
-            if exc_type is None:
-                with _disable_current_modes():
-                    mode.finish()  # every tensor the program still holds is resident again
+            with _disable_current_modes():  # every tensor the program still holds is resident again
+                if exc_type is None:
+                    mode.finish()
+                else:  # (see Note [The end of a block] in mode.py; the block's own exception goes on)
+                    try:
+                        mode.finish()
+                    except (OutOfBudgetError, ThrashingError):
+                        pass  # everything came back; the block's own exception is the one to see
+                    except Exception as e:
+                        warnings.warn(f"dtr: after {exc_type.__name__} in the block, bringing back the tensors "
+                                      f"the program holds failed too ({type(e).__name__}: {e}); those dtr had "
+                                      f"evicted have no bytes and must not be used", BudgetWarning, stacklevel=2)
         finally:
             if self._froze:
                 gc.unfreeze()

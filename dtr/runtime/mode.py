@@ -85,7 +85,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
 from dtr.core import Core
-from dtr.errors import ThrashingError
+from dtr.errors import OutOfBudgetError, ThrashingError
 from dtr.runtime.costs import CostModel
 from dtr.runtime.effects import overwrites_self, written_args
 from dtr.runtime.recorder import LogRecorder
@@ -983,13 +983,50 @@ class DTRMode(TorchDispatchMode):
         self._collected_ops = 0
 
     # ------------------------------------------------------------------ closing
+    # Note [The end of a block]
+    # When a block ends, every tensor the program still holds must have its
+    # bytes again: without the mode nothing could recompute it, and a tensor
+    # whose storage holds 0 bytes reads freed memory. If what the program holds
+    # does not fit in the budget (it kept more activations than the budget
+    # allows), or bringing it back passes the thrashing limit, the failure is
+    # still raised (OutOfBudgetError naming what was needed, ThrashingError),
+    # but only after everything came back with that limit lifted, so that a
+    # program that catches it loses nothing. A block left by an exception
+    # (out of budget, thrashing, the program's own) brings back what the
+    # program holds the same way before that exception propagates. Only if a
+    # recomputation itself fails does a BudgetWarning say that the tensors
+    # dtr had evicted stay unusable.
     def finish(self) -> None:
-        """Bring back every tensor the program still holds (the output condition)."""
+        """Bring back every tensor the program still holds (the output condition); see Note [The end of a block].
+
+        Raises:
+            OutOfBudgetError, ThrashingError: they did not fit, or took too much
+                recomputation; raised after all of them came back regardless.
+        """
+        core = self.core
         self.poll()
-        for t in list(self.alive.values()):
-            self.core.pin(t)
+        budget, failure = core.budget, None
+        for _ in range(3):  # at most: as it is, without the thrashing limit, without the budget
+            try:
+                for t in list(self.alive.values()):
+                    core.pin(t)
+                break
+            except ThrashingError as e:
+                failure = failure or e
+                core.set_remat_limit(float("inf"))
+            except OutOfBudgetError as e:
+                failure = failure or e
+                core.set_budget(None)
         if self.timer is not None:
             self.timer.flush()  # the device's last measurements (one wait, at the end of the block)
+        if isinstance(failure, OutOfBudgetError):
+            raise OutOfBudgetError(budget, max(failure.needed, core.memory),
+                                   "the tensors the program holds at the end of the block; they were all "
+                                   "brought back beyond the budget and can be used") from None
+        if failure is not None:
+            raise ThrashingError(failure.remat_compute, failure.limit,
+                                 "while bringing back the tensors the program holds at the end of the block; "
+                                 "they were all brought back regardless and can be used") from None
 
 
 _DEVICE_ARGUMENT: Dict[Any, bool] = {}
