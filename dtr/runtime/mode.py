@@ -1005,18 +1005,22 @@ class DTRMode(TorchDispatchMode):
         """
         core = self.core
         self.poll()
-        budget, failure = core.budget, None
-        for _ in range(3):  # at most: as it is, without the thrashing limit, without the budget
+        budget, failure, lifted = core.budget, None, set()
+        while True:  # each limit is lifted once: at most three rounds
             try:
                 for t in list(self.alive.values()):
                     core.pin(t)
                 break
-            except ThrashingError as e:
+            except (ThrashingError, OutOfBudgetError) as e:
+                kind = type(e)
+                if kind in lifted:  # cannot happen with the limit gone; never loop on it
+                    raise
+                lifted.add(kind)
                 failure = failure or e
-                core.set_remat_limit(float("inf"))
-            except OutOfBudgetError as e:
-                failure = failure or e
-                core.set_budget(None)
+                if kind is ThrashingError:
+                    core.set_remat_limit(float("inf"))
+                else:
+                    core.set_budget(None)
         if self.timer is not None:
             self.timer.flush()  # the device's last measurements (one wait, at the end of the block)
         if isinstance(failure, OutOfBudgetError):
