@@ -52,6 +52,15 @@ def grads_of(model: nn.Module) -> List[Optional[torch.Tensor]]:
     return [None if p.grad is None else p.grad.clone() for p in model.parameters()]
 
 
+def seeded_step(model: nn.Module, loss_fn: Callable[[nn.Module], torch.Tensor]) -> torch.Tensor:
+    """One training step with a fixed seed (zero grads, loss, backward); returns the detached loss."""
+    torch.manual_seed(1)
+    model.zero_grad(set_to_none=True)
+    loss = loss_fn(model)
+    loss.backward()
+    return loss.detach()
+
+
 def assert_same_grads(model: nn.Module, ref: nn.Module) -> None:
     for (name, p), q in zip(model.named_parameters(), ref.parameters()):
         assert (p.grad is None) == (q.grad is None), name

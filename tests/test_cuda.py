@@ -40,6 +40,7 @@ from dtr.runtime.timing import CudaEventTimer  # noqa: E402
 sys.path.insert(0, os.path.dirname(__file__))
 from runtime_models import cnn, mlp  # noqa: E402
 from runtime_zoo_small import LoopLSTM, TinyGPT, TreeLSTM, assert_same_grads, random_tree  # noqa: E402
+from runtime_zoo_small import seeded_step as step  # noqa: E402
 
 DEV = "cuda"
 
@@ -69,14 +70,6 @@ def build(name):
     rng = random.Random(0)
     trees = [random_tree(rng, list(range(12))) for _ in range(2)]
     return m, (x, y), lambda m: F.cross_entropy(m(x, trees), y)
-
-
-def step(model, loss_fn):
-    torch.manual_seed(1)
-    model.zero_grad(set_to_none=True)
-    loss = loss_fn(model)
-    loss.backward()
-    return loss.detach()
 
 
 class OpWorkspace(TorchDispatchMode):

@@ -25,6 +25,7 @@ import dtr  # noqa: E402
 sys.path.insert(0, os.path.dirname(__file__))
 from runtime_zoo_small import (LoopLSTM, TinyGPT, TreeLSTM, assert_same_grads, budget_at,  # noqa: E402
                                constant_bytes, peak_of, random_tree, tree_depth)
+from runtime_zoo_small import seeded_step as step  # noqa: E402
 from runtime_models import mlp  # noqa: E402
 
 
@@ -56,14 +57,6 @@ def mlp_model():
 
 
 MODELS = {"gpt": gpt, "lstm": lstm, "treelstm": treelstm, "mlp": mlp_model}
-
-
-def step(model, loss_fn):
-    torch.manual_seed(1)
-    model.zero_grad(set_to_none=True)
-    loss = loss_fn(model)
-    loss.backward()
-    return loss.detach()
 
 
 EQCLASS_LSTM_35 = ("KNOWN FAILURE (issue #3): eqclass runs out of budget on the LoopLSTM at 35%: it needs 1384528 > "
