@@ -92,6 +92,7 @@ PYBIND11_MODULE(_C, m) {
       .def_readwrite("keep_needed", &Config::keep_needed)
       .def_readwrite("eqclass_split", &Config::eqclass_split)
       .def_readwrite("inplace_handover", &Config::inplace_handover)
+      .def_readwrite("deep_first", &Config::deep_first)
       .def_readwrite("remat_limit", &Config::remat_limit);
 
   py::class_<Core>(m, "Core")

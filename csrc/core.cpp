@@ -784,6 +784,28 @@ void Core::touch_parents(int op_id) {
   for (int p : ops_[op_id].inputs) storages_[tensors_[p].storage].last_access = clock_;
 }
 
+// Note [Deepest input first]
+// A frame holds every input it already has (locked) while it recomputes the
+// next pending one, so the order of the pending inputs decides how much is
+// held during a deep recursion. In a Python-loop LSTM, the gates of step t are
+// add(x_t @ W_x, h_{t-1} @ W_h): in input order the x projection (cheap, from
+// constants) comes back first and stays locked while the recursion walks back
+// through h_{t-1}, h_{t-2}, ... -- one such buffer per level, seven of them
+// (900 KiB of a 1.3 MiB budget) in tests/test_runtime_models.py's LSTM at 35%,
+// where the budget then ran out. As in Sethi-Ullman register allocation, the
+// input whose recomputation needs the most should come first. With
+// Config::deep_first (the runtime's semantics, recorded in its logs' meta
+// line), pending inputs whose own op has an evicted input (recomputing them
+// recurses) go before those computable at once, input order kept within each
+// group (a stable partition: O(inputs of the pending inputs), no search of
+// the graph). simrd recomputes in input order (its section 4.4); replays of
+// its logs keep that.
+bool Core::needs_recursion(int t) const {
+  for (int p : ops_[tensors_[t].op].inputs)
+    if (!tensors_[p].defined) return true;
+  return false;
+}
+
 void Core::materialize(int t0, bool remat0, bool stop_before_root) {
   struct Frame {
     int t;
@@ -804,6 +826,8 @@ void Core::materialize(int t0, bool remat0, bool stop_before_root) {
       if (tensors_[p].defined) lock(tensors_[p].storage);
     for (int p : op.inputs)
       if (!tensors_[p].defined) f.pending.push_back(p);
+    if (cfg_.deep_first && f.pending.size() > 1)
+      std::stable_partition(f.pending.begin(), f.pending.end(), [&](int p) { return needs_recursion(p); });
     stack.push_back(std::move(f));
   };
   begin(t0, remat0);

@@ -57,6 +57,7 @@ struct Config {
   bool keep_needed = false;     // see Note [Freeing what an evicted tensor needs] in core.cpp
   bool eqclass_split = false;   // eqclass: exact components (see Note [Splitting eqclass components] in core.cpp)
   bool inplace_handover = false;  // a recomputed in-place write takes its old version's bytes (Note [Handing bytes over on recomputation])
+  bool deep_first = false;      // recompute the evicted inputs that need recursion first (Note [Deepest input first])
 };
 
 struct Counters {
@@ -331,6 +332,7 @@ class Core {
   bool needed_by_evicted(int s) const;
   void free_if_unneeded(int s);
   void touch_parents(int op);
+  bool needs_recursion(int t) const;
   void lock_inputs(int op);  // see Note [Ops without outputs] in core.cpp
   void drop_outputs(int op);  // an op that will not run: its outputs lose their references, unborn ones are banished
   void count_uf_nbrs(int sid, int delta);

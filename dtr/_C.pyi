@@ -20,6 +20,7 @@ class Config:
     keep_needed: bool      # keep a released storage while an evicted, referenced dependent needs it
     eqclass_split: bool    # eqclass: split components exactly when a member leaves (not simrd's)
     inplace_handover: bool  # a recomputed in-place write takes its unreferenced old version's bytes
+    deep_first: bool       # recompute evicted inputs that recurse before those computable at once
     def __init__(self) -> None: ...
 
 class Core:

@@ -24,7 +24,7 @@ def make_config(heuristic: Heuristic | str = "eqclass", budget: Optional[int] = 
                 banish: bool = False, seed: int = 0, sample: int = 0,
                 remat_limit: float = math.inf, free_dead_constants: bool = False,
                 keep_needed: bool = False, eqclass_split: bool = False,
-                inplace_handover: bool = False) -> "_C.Config":
+                inplace_handover: bool = False, deep_first: bool = False) -> "_C.Config":
     """Build the core's configuration.
 
     Args:
@@ -47,6 +47,10 @@ def make_config(heuristic: Heuristic | str = "eqclass", budget: Optional[int] = 
         inplace_handover: a recomputed in-place write takes over the bytes of
             an old version nothing else can read (the runtime's semantics; the
             core's Note [Handing bytes over on recomputation]).
+        deep_first: recompute first the evicted inputs whose recomputation
+            recurses, so that less is held meanwhile (the runtime's semantics;
+            the core's Note [Deepest input first]). simrd's order is the
+            inputs' own.
 
     Raises:
         ValueError: unknown heuristic name.
@@ -66,6 +70,7 @@ def make_config(heuristic: Heuristic | str = "eqclass", budget: Optional[int] = 
     cfg.keep_needed = keep_needed
     cfg.eqclass_split = bool(h.split or eqclass_split)
     cfg.inplace_handover = inplace_handover
+    cfg.deep_first = deep_first
     return cfg
 
 

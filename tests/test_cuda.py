@@ -136,16 +136,10 @@ def run_within(model, loss_fn, limit, const, **kw):
     return loss, b, torch.cuda.max_memory_allocated() - other, requested
 
 
-EQCLASS_LSTM_35 = ("KNOWN FAILURE (issue #3), as on CPU (tests/test_runtime_models.py): eqclass runs out of "
-                   "budget on the LoopLSTM at 35%")
-
-
 def cases():
     for name in ("mlp", "cnn", "gpt", "lstm", "treelstm"):
         for f in (0.7, 0.5, 0.35):
-            marks = [pytest.mark.xfail(strict=True, raises=dtr.OutOfBudgetError, reason=EQCLASS_LSTM_35)] \
-                if (name, f) == ("lstm", 0.35) else []
-            yield pytest.param(name, f, "flops", marks=marks, id=f"{name}-{f}-flops")
+            yield pytest.param(name, f, "flops", id=f"{name}-{f}-flops")
         yield pytest.param(name, 0.5, "time", id=f"{name}-0.5-time")
 
 

@@ -508,3 +508,38 @@ def test_a_call_without_room_for_its_outputs_gives_its_locks_back():
     (z,) = c.call([x], [30], [-1], 1.0)              # fits now
     assert c.defined(z)
     c.check()
+
+
+@pytest.mark.parametrize("deep_first", [False, True], ids=["input-order", "deep-first"])
+def test_a_recomputation_brings_back_the_input_that_recurses_first(deep_first):
+    # h_t = g(p_t, h_{t-1}) with p_t = f(w) (10 bytes, from a constant) and
+    # h_t 1 byte, T = 8 steps; the program keeps only h_T, which a 30-byte
+    # allocation evicts. Bringing h_T back in input order brings p_T back and
+    # holds it while recursing into h_{T-1}, which holds p_{T-1}, ...: the
+    # p's pile up past the budget. Deepest input first (the core's Note
+    # [Deepest input first]) recurses first and holds 1-byte h's instead:
+    # every op is recomputed once, within 30 bytes.
+    c = Core("lru", budget=30, deep_first=deep_first)
+    w = c.constant(0)
+    (h,) = c.call([w], [1], [-1], 1.0)
+    for _ in range(8):
+        (p,) = c.call([w], [10], [-1], 1.0)
+        (h2,) = c.call([p, h], [1], [-1], 1.0)
+        c.release(p)
+        c.release(h)
+        h = h2
+    (y,) = c.call([w], [30], [-1], 1.0)
+    c.release(y)
+    assert not c.defined(h)
+    if not deep_first:
+        with pytest.raises(OutOfBudgetError) as e:
+            c.require(h)
+        assert e.value.needed > 30
+        c.check()
+        return
+    seen = []
+    c.set_hooks(on_compute=lambda op, remat: seen.append(op))
+    c.require(h)
+    c.check()
+    assert c.defined(h) and c.counters["memory"] <= 30
+    assert sorted(seen) == list(range(1, 18))  # h_0, then p_t and h_t for each step: each once

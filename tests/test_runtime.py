@@ -244,7 +244,8 @@ def test_recorded_log_replays_to_the_same_decisions(tmp_path, name, heuristic):
         train_step(model, x, y)
     meta = json.loads(path.read_text().splitlines()[0])
     assert meta["cost_unit"] == "flop"
-    assert meta["eqclass_split"] is True and meta["keep_needed"] is True  # the replay reads both
+    # The replay reads these semantics from the meta line.
+    assert meta["eqclass_split"] is True and meta["keep_needed"] is True and meta["deep_first"] is True
     r = replay(path, heuristic, limit, thrash_limit=float("inf"))
     assert r.status == "ok"
     assert (r.evictions, r.remats, r.peak_bytes) == (b.stats["evictions"], b.stats["remats"], b.stats["peak_bytes"])

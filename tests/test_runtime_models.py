@@ -59,18 +59,10 @@ def mlp_model():
 MODELS = {"gpt": gpt, "lstm": lstm, "treelstm": treelstm, "mlp": mlp_model}
 
 
-EQCLASS_LSTM_35 = ("KNOWN FAILURE (issue #3): eqclass runs out of budget on the LoopLSTM at 35%: it needs 1384528 > "
-                   "1303990 bytes at once with exact component splitting (the runtime's default) and 1328128 "
-                   "without. The exact `dtr` heuristic passes (the lstm-0.35-dtr case); eqclass's components, "
-                   "joined through shared evicted neighbours, count storages that dtr's directed e* does not")
-
-
 def cases():
     for name in sorted(MODELS):
         for f in (0.7, 0.5, 0.35):
-            marks = [pytest.mark.xfail(strict=True, raises=dtr.OutOfBudgetError, reason=EQCLASS_LSTM_35)] \
-                if (name, f) == ("lstm", 0.35) else []
-            yield pytest.param(name, f, "eqclass", marks=marks, id=f"{name}-{f}")
+            yield pytest.param(name, f, "eqclass", id=f"{name}-{f}")
     yield pytest.param("lstm", 0.35, "dtr", id="lstm-0.35-dtr")
     # simrd's eqclass (no component splitting) runs out of budget at 37-38% and 42%.
     yield pytest.param("lstm", 0.38, "eqclass", id="lstm-0.38")

@@ -98,13 +98,14 @@ class Budget:
         if self._mode is not None:
             raise RuntimeError("a dtr.budget cannot be entered twice; create a new one")
         self._core = Core(self.heuristic, self.budget_bytes, free_dead_constants=True, keep_needed=True,
-                          inplace_handover=True, **self._options)
+                          inplace_handover=True, deep_first=True, **self._options)
         recorder = None
         if self.log_path is not None:
             recorder = LogRecorder(self.log_path, {
                 **self.log_meta, "cost_unit": self.cost_model.unit, "budget_bytes": self.budget_bytes,
                 "heuristic": self.heuristic.name, "recorded_by": "dtr.budget", "free_dead_constants": True,
-                "keep_needed": True, "eqclass_split": self._options["eqclass_split"], "inplace_handover": True})
+                "keep_needed": True, "eqclass_split": self._options["eqclass_split"], "inplace_handover": True,
+                "deep_first": True})
         self._mode = DTRMode(self._core, self.cost_model, recorder, self.thrash_limit, self._device)
         self._restore_escapes = patch_escapes(self._mode.escape)
         self._mode.__enter__()

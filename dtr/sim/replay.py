@@ -111,13 +111,16 @@ def log_semantics(log: Log) -> dict:
     and hand-written ones use none of these, unless their meta line says so
     (so ``eqclass`` on them is simrd's). Logs recorded since recomputed
     in-place writes take their old version's bytes say ``inplace_handover``
-    (the core's Note [Handing bytes over on recomputation]). Replaying with the recorder's
+    (the core's Note [Handing bytes over on recomputation]), and those
+    recorded since a recomputation brings back the inputs that recurse first
+    say ``deep_first`` (the core's Note [Deepest input first]). Replaying with the recorder's
     semantics is what makes a replay reproduce the runtime's decisions.
     """
     return {"free_dead_constants": bool(log.meta.get("free_dead_constants", False)),
             "keep_needed": bool(log.meta.get("keep_needed", False)),
             "eqclass_split": bool(log.meta.get("eqclass_split", False)),
-            "inplace_handover": bool(log.meta.get("inplace_handover", False))}
+            "inplace_handover": bool(log.meta.get("inplace_handover", False)),
+            "deep_first": bool(log.meta.get("deep_first", False))}
 
 
 def baseline(log: Log) -> dict:
@@ -130,7 +133,7 @@ def replay(log: Union[Log, str, os.PathLike], heuristic: Union[Heuristic, str] =
            seed: int = 0, sample: int = 0, check: bool = False,
            baseline_peak: Optional[int] = None, keep_needed: Optional[bool] = None,
            eqclass_split: Optional[bool] = None, inplace_handover: Optional[bool] = None,
-           free_dead_constants: Optional[bool] = None) -> ReplayResult:
+           free_dead_constants: Optional[bool] = None, deep_first: Optional[bool] = None) -> ReplayResult:
     """Replay a log under a budget with one heuristic.
 
     Args:
@@ -148,7 +151,7 @@ def replay(log: Union[Log, str, os.PathLike], heuristic: Union[Heuristic, str] =
             see :func:`log_semantics`).
         eqclass_split: likewise for splitting eqclass components (a heuristic
             whose ``split`` is set, such as ``eqclass-split``, always splits).
-        inplace_handover, free_dead_constants: likewise for those semantics.
+        inplace_handover, free_dead_constants, deep_first: likewise for those semantics.
 
     Raises:
         LogFormatError: ``log`` is a path to a bad log.
@@ -170,6 +173,8 @@ def replay(log: Union[Log, str, os.PathLike], heuristic: Union[Heuristic, str] =
         semantics["inplace_handover"] = inplace_handover
     if free_dead_constants is not None:
         semantics["free_dead_constants"] = free_dead_constants
+    if deep_first is not None:
+        semantics["deep_first"] = deep_first
     raw = replay_program(log.program, h, budget_bytes, thrash_limit=thrash_limit, check=check,
                          banish=banish, seed=seed, sample=sample, **semantics)
     base = raw["base_total"]
