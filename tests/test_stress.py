@@ -156,3 +156,28 @@ def test_recomputed_in_place_writes_hand_their_bytes_over(heuristic):
                          inplace_handover=False, **kw)
             handed += (r.remats, r.evictions) != (off.remats, off.evictions)
     assert handed > 0  # the generator reaches recomputed in-place writes
+
+
+@pytest.mark.parametrize("heuristic", ["dtr", "eqclass", "lru"])
+def test_deepest_input_first_keeps_invariants(heuristic):
+    # The runtime's full semantics with the evicted inputs that recurse brought back first (the core's
+    # Note [Deepest input first]); Core::check() after every instruction. The order changes decisions
+    # on some logs, never the accounting.
+    changed = 0
+    for seed in range(30):
+        log = parse_text(with_collects(with_inplace(random_log(seed, steps=300), seed), seed),
+                         path=f"<random {seed}>")
+        kw = dict(check=True, keep_needed=True, free_dead_constants=True, inplace_handover=True)
+        base = replay(log, heuristic, None, deep_first=True, **kw)
+        assert base.status == "ok" and base.evictions == 0
+        for frac in (0.7, 0.45, 0.3):
+            budget = int(base.peak_bytes * frac)
+            runs = [replay(log, heuristic, budget, thrash_limit=6, seed=seed, baseline_peak=base.peak_bytes,
+                           deep_first=deep, **kw) for deep in (True, False)]
+            for r in runs:
+                assert r.peak_bytes <= r.budget_bytes
+                if r.status == "oom":
+                    assert r.needed_bytes > r.budget_bytes
+            changed += (runs[0].status, runs[0].remats, runs[0].evictions) != \
+                (runs[1].status, runs[1].remats, runs[1].evictions)
+    assert changed > 0  # the generator reaches frames with more than one evicted input
