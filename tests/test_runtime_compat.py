@@ -182,8 +182,9 @@ def test_huggingface_gpt2_training_step_at_half_the_peak():
 def test_compiled_function_inside_the_budget():
     """Compiled code inside the block runs and gives plain PyTorch's results.
 
-    Under an active dispatch mode dynamo runs the function's ops eagerly (dtr
-    sees them), so the result is bit-for-bit the eager one.
+    The block ignores torch.compile (Note [Compiled code in a block]): the
+    function's ops run eagerly and dtr sees them, so the result is bit-for-bit
+    the eager one.
     """
     torch.manual_seed(0)
     model, x, y = mlp(width=64, depth=3, p=0.0), torch.randn(256, 64), torch.randint(0, 10, (256,))
@@ -213,6 +214,30 @@ def test_compiled_function_inside_the_budget():
         got = fn(x, w)
     assert torch.equal(got, torch.relu(x @ w).sum(dim=1))
     assert _get_current_dispatch_mode() is None
+
+
+def test_a_fullgraph_function_runs_eagerly_in_the_block_and_compiled_after_it():
+    """``fullgraph=True`` used to raise inside a block ("found no compiled frames"); see Note [Compiled code in a block].
+
+    The block ignores torch.compile (the "force_eager" stance: nothing is
+    compiled in it) and gives the program's stance back at its end: the
+    function compiles again after the block.
+    """
+    from torch._dynamo.testing import CompileCounter
+    counter = CompileCounter()
+    fn = torch.compile(lambda a: torch.relu(a @ a.T).sum(dim=0), backend=counter, fullgraph=True)
+    a = torch.randn(32, 16, requires_grad=True)
+    ref = fn(a)
+    assert counter.frame_count == 1
+    b = torch.randn(48, 16, requires_grad=True)  # a new shape: a recompilation, if anything compiled
+    with dtr.budget(None, cost_model="flops") as blk:
+        got = fn(b)
+        got.sum().backward()
+    assert counter.frame_count == 1 and blk.stats["ops"] > 0  # run by dtr, not compiled
+    assert torch.equal(got, torch.relu(b @ b.T).sum(dim=0))
+    assert torch.equal(fn(a), ref)
+    fn(torch.randn(64, 16))
+    assert counter.frame_count == 2  # compiled after the block: the stance came back
 
 
 def test_compiled_kernels_never_read_an_evicted_input():

@@ -34,6 +34,19 @@ __all__ = ["budget", "Budget"]
 # collected after the block instead of during it. A program that froze objects
 # itself (a fork server) is left alone: the block neither freezes nor unfreezes.
 
+# Note [Compiled code in a block]
+# dtr sees an op only when it is dispatched, and a compiled kernel reads its
+# inputs by raw pointer: letting compiled code run unseen would read the
+# storages dtr evicted as freed memory (docs/runtime-design.md, "torch.compile").
+# A block therefore runs torch.compile'd functions eagerly, through dtr. Dynamo
+# already skips frames under a dispatch mode that does not ignore compiled
+# code, but a function compiled with fullgraph=True then raised ("found no
+# compiled frames"), although it ran outside the block. The block sets
+# PyTorch's public "force_eager" compiler stance instead
+# (torch.compiler.set_stance): every torch.compile directive is ignored, with
+# no error, and the stance the program had comes back at the block's end.
+# Compiled code cached before the block is kept and used again after it.
+
 
 class Budget:
     """A memory budget for the code inside a ``with`` block (see :func:`budget`).
@@ -108,7 +121,14 @@ class Budget:
                 "deep_first": True})
         self._mode = DTRMode(self._core, self.cost_model, recorder, self.thrash_limit, self._device)
         self._restore_escapes = patch_escapes(self._mode.escape)
-        self._mode.__enter__()
+        # See Note [Compiled code in a block]; set_stance sets it now, and its __exit__ restores the old one.
+        self._stance = torch.compiler.set_stance("force_eager")
+        try:
+            self._mode.__enter__()
+        except BaseException:
+            self._stance.__exit__(None, None, None)
+            self._restore_escapes()
+            raise
         # See Note [Garbage collection during a block].
         self._froze = gc.isenabled() and gc.get_freeze_count() == 0
         if self._froze:
@@ -133,6 +153,7 @@ class Budget:
                                       f"the program holds failed too ({type(e).__name__}: {e}); those dtr had "
                                       f"evicted have no bytes and must not be used", BudgetWarning, stacklevel=2)
         finally:
+            self._stance.__exit__(None, None, None)
             if self._froze:
                 gc.unfreeze()
             if exc_type is None:
@@ -167,10 +188,10 @@ def budget(limit: Union[None, int, str], *, heuristic: Union[str, Heuristic] = "
     ranks cheapest and recomputes them when they are needed again.
 
     ``torch.compile``: inside the block, compiled functions run their ops
-    eagerly (dynamo falls back under a dispatch mode that does not ignore
-    compiled code), so dtr tracks them and results equal eager PyTorch's; the
-    compilation's speed-up is lost there. dtr does not let compiled kernels
-    run unseen: they read their inputs by raw pointer, so an input dtr had
+    eagerly (the block sets the ``"force_eager"`` compiler stance, and
+    restores the program's at its end), so dtr tracks them and results equal
+    eager PyTorch's; the compilation's speed-up is lost there. dtr does not
+    let compiled kernels run unseen: they read their inputs by raw pointer, so an input dtr had
     evicted would be read as freed memory (docs/runtime-design.md).
 
     Args:
