@@ -216,6 +216,18 @@ def test_compiled_function_inside_the_budget():
     assert _get_current_dispatch_mode() is None
 
 
+def test_blocks_do_not_nest():
+    x = torch.randn(16, 16)
+    with dtr.budget(None) as outer:
+        y = x * 2
+        with pytest.raises(RuntimeError, match="do not nest"):
+            with dtr.budget("1MB"):
+                pass
+        z = y + 1
+    assert outer.stats["ops"] == 2 and torch.equal(z, x * 2 + 1)
+    assert _get_current_dispatch_mode() is None
+
+
 def test_a_fullgraph_function_runs_eagerly_in_the_block_and_compiled_after_it():
     """``fullgraph=True`` used to raise inside a block ("found no compiled frames"); see Note [Compiled code in a block].
 

@@ -8,7 +8,7 @@ import warnings
 from typing import Optional, Union
 
 import torch
-from torch.utils._python_dispatch import _disable_current_modes
+from torch.utils._python_dispatch import _disable_current_modes, _get_current_dispatch_mode_stack
 
 from dtr.core import Core
 from dtr.errors import BudgetWarning, OutOfBudgetError, ThrashingError
@@ -110,6 +110,10 @@ class Budget:
     def __enter__(self) -> "Budget":
         if self._mode is not None:
             raise RuntimeError("a dtr.budget cannot be entered twice; create a new one")
+        if any(isinstance(m, DTRMode) for m in _get_current_dispatch_mode_stack()):
+            # Two cores would each evict and recompute storages the other one counts as resident.
+            raise RuntimeError("dtr.budget blocks do not nest: this block is inside another dtr.budget block; "
+                               "use one block (the outer one's budget applies to everything inside it)")
         self._core = Core(self.heuristic, self.budget_bytes, free_dead_constants=True, keep_needed=True,
                           inplace_handover=True, deep_first=True, **self._options)
         recorder = None
@@ -225,6 +229,8 @@ def budget(limit: Union[None, int, str], *, heuristic: Union[str, Heuristic] = "
             names the budget and the memory needed.
         dtr.ThrashingError: (inside the block) recomputation passed the limit.
         dtr.errors.BudgetError: ``limit`` is not a size.
+        RuntimeError: (on entering) the block is inside another ``dtr.budget``
+            block: blocks do not nest.
     """
     return Budget(limit, heuristic=heuristic, log=log, cost_model=cost_model, thrash_limit=thrash_limit,
                   sample=sample, seed=seed, device=device, log_meta=log_meta, eqclass_split=eqclass_split)
