@@ -7,7 +7,7 @@ writes are registered here, by decorator, one small function per op.
 """
 from __future__ import annotations
 
-from typing import Callable, Dict, List, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -15,6 +15,8 @@ __all__ = ["overwrites_self", "register_writes", "written_args"]
 
 # op overload packet name -> f(args, kwargs) -> positions of written tensor args
 _HIDDEN_WRITES: Dict[str, Callable[[Sequence, dict], List[int]]] = {}
+# op overload -> (written positions its schema declares, its _HIDDEN_WRITES rule or None)
+_rules_cache: Dict[torch._ops.OpOverload, Tuple[Tuple[int, ...], Optional[Callable[[Sequence, dict], List[int]]]]] = {}
 
 
 def register_writes(*names: str):
@@ -23,6 +25,7 @@ def register_writes(*names: str):
     def wrap(fn):
         for n in names:
             _HIDDEN_WRITES[n] = fn
+        _rules_cache.clear()  # an overload looked up before must see the new rule
         return fn
 
     return wrap
@@ -54,8 +57,12 @@ def schema_writes(func: torch._ops.OpOverload) -> Tuple[Tuple[int, ...], Tuple[i
 
 def written_args(func: torch._ops.OpOverload, args: Sequence, kwargs: dict) -> List[int]:
     """Positions (in the schema's argument order) of the tensor arguments ``func`` writes."""
-    writes = list(schema_writes(func)[0])
-    hidden = _HIDDEN_WRITES.get(func._schema.name)
+    # Called for every dispatched op: the schema's writes and the hidden rule are looked up once per overload.
+    rules = _rules_cache.get(func)
+    if rules is None:
+        rules = _rules_cache[func] = (schema_writes(func)[0], _HIDDEN_WRITES.get(func._schema.name))
+    writes, hidden = rules
+    writes = list(writes)
     if hidden is not None:
         writes += [i for i in hidden(args, kwargs) if i not in writes]
     return writes
