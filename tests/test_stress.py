@@ -135,49 +135,48 @@ def test_eqclass_split_keeps_exact_components(banish, keep_needed):
         assert differ > 0  # splitting changes decisions on these logs
 
 
+def runtime_like_pairs(heuristic, option, **semantics):
+    """Replays of seeded random logs with in-place writes and collects, under the runtime's semantics.
+
+    For 30 seeds and budgets at 70/45/30% of each log's peak, yields the pair
+    (run with ``option`` on, run with it off); Core::check() runs after every
+    instruction of every replay.
+    """
+    kw = dict(check=True, keep_needed=True, free_dead_constants=True, **semantics)
+    for seed in range(30):
+        log = parse_text(with_collects(with_inplace(random_log(seed, steps=300), seed), seed),
+                         path=f"<random {seed}>")
+        base = replay(log, heuristic, None, **{option: True}, **kw)
+        assert base.status == "ok" and base.evictions == 0
+        for frac in (0.7, 0.45, 0.3):
+            budget = int(base.peak_bytes * frac)
+            yield tuple(replay(log, heuristic, budget, thrash_limit=6, seed=seed, baseline_peak=base.peak_bytes,
+                               **{option: on}, **kw) for on in (True, False))
+
+
 @pytest.mark.parametrize("heuristic", ["dtr", "eqclass", "lru"])
 def test_recomputed_in_place_writes_hand_their_bytes_over(heuristic):
     # The runtime's semantics (keep_needed, dead constants freed) plus handing an old version's bytes over
     # to a recomputed in-place write (the core's Note [Handing bytes over on recomputation]); Core::check()
-    # after every instruction verifies that the memory counter is the resident bytes and that no storage
-    # stays handed over between instructions. A handover needs no room: runs never use more memory.
+    # verifies that the memory counter is the resident bytes and that no storage stays handed over
+    # between instructions. A handover needs no room: runs never use more memory.
     handed = 0
-    for seed in range(30):
-        log = parse_text(with_collects(with_inplace(random_log(seed, steps=300), seed), seed),
-                         path=f"<random {seed}>")
-        kw = dict(check=True, keep_needed=True, free_dead_constants=True)
-        base = replay(log, heuristic, None, **kw)
-        for frac in (0.7, 0.45, 0.3):
-            budget = int(base.peak_bytes * frac)
-            r = replay(log, heuristic, budget, thrash_limit=6, seed=seed, baseline_peak=base.peak_bytes,
-                       inplace_handover=True, **kw)
-            assert r.peak_bytes <= r.budget_bytes
-            off = replay(log, heuristic, budget, thrash_limit=6, seed=seed, baseline_peak=base.peak_bytes,
-                         inplace_handover=False, **kw)
-            handed += (r.remats, r.evictions) != (off.remats, off.evictions)
+    for r, off in runtime_like_pairs(heuristic, "inplace_handover"):
+        assert r.peak_bytes <= r.budget_bytes
+        handed += (r.remats, r.evictions) != (off.remats, off.evictions)
     assert handed > 0  # the generator reaches recomputed in-place writes
 
 
 @pytest.mark.parametrize("heuristic", ["dtr", "eqclass", "lru"])
 def test_deepest_input_first_keeps_invariants(heuristic):
     # The runtime's full semantics with the evicted inputs that recurse brought back first (the core's
-    # Note [Deepest input first]); Core::check() after every instruction. The order changes decisions
-    # on some logs, never the accounting.
+    # Note [Deepest input first]). The order changes decisions on some logs, never the accounting.
     changed = 0
-    for seed in range(30):
-        log = parse_text(with_collects(with_inplace(random_log(seed, steps=300), seed), seed),
-                         path=f"<random {seed}>")
-        kw = dict(check=True, keep_needed=True, free_dead_constants=True, inplace_handover=True)
-        base = replay(log, heuristic, None, deep_first=True, **kw)
-        assert base.status == "ok" and base.evictions == 0
-        for frac in (0.7, 0.45, 0.3):
-            budget = int(base.peak_bytes * frac)
-            runs = [replay(log, heuristic, budget, thrash_limit=6, seed=seed, baseline_peak=base.peak_bytes,
-                           deep_first=deep, **kw) for deep in (True, False)]
-            for r in runs:
-                assert r.peak_bytes <= r.budget_bytes
-                if r.status == "oom":
-                    assert r.needed_bytes > r.budget_bytes
-            changed += (runs[0].status, runs[0].remats, runs[0].evictions) != \
-                (runs[1].status, runs[1].remats, runs[1].evictions)
+    for runs in runtime_like_pairs(heuristic, "deep_first", inplace_handover=True):
+        for r in runs:
+            assert r.peak_bytes <= r.budget_bytes
+            if r.status == "oom":
+                assert r.needed_bytes > r.budget_bytes
+        changed += (runs[0].status, runs[0].remats, runs[0].evictions) != \
+            (runs[1].status, runs[1].remats, runs[1].evictions)
     assert changed > 0  # the generator reaches frames with more than one evicted input
