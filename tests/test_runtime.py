@@ -14,6 +14,7 @@ torch = pytest.importorskip("torch")
 
 import dtr  # noqa: E402
 from dtr.runtime.mode import _SWAP  # noqa: E402
+from torch.utils._python_dispatch import _disable_current_modes  # noqa: E402
 from dtr.sim import replay  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(__file__))
@@ -501,6 +502,48 @@ def test_dropped_constant_protects_a_value_computed_from_it():
         keep[0] + 1
     assert b.stats["evictions"] > 0
     assert torch.equal(e, ref)
+
+
+def full_poll(b):
+    """A full poll as the mode runs one: with the mode off, so that what it recomputes is not seen as new ops."""
+    with _disable_current_modes():
+        b._mode.poll()
+
+
+def test_a_dropped_constant_is_kept_rather_than_pinning_what_needs_it(tmp_path):
+    """A small constant dropped while large tensors computed from it are held is kept, not protected.
+
+    Protecting it would pin all eight of them, which the budget cannot hold (as
+    in Hugging Face GPT-2's causal mask: Note [Keeping a dead constant]). Once
+    nothing held needs it, it is released.
+    """
+    n = 1 << 16
+    x, c = torch.randn(n), torch.tensor([1.5])
+    ref = [x * c]
+    for _ in range(7):
+        ref.append(torch.sin(ref[-1]))
+    ref_sums = torch.stack([r.sum() for r in ref])
+    del ref
+    limit, path = 4 * n * 6, tmp_path / "kept.jsonl"  # x and five more
+    with torch.no_grad(), dtr.budget(limit, cost_model="flops", log=path) as b:
+        acts = [x * c]
+        for _ in range(7):
+            acts.append(torch.sin(acts[-1]))
+        del c
+        full_poll(b)
+        assert b.stats["evictions"] > 0
+        sums = torch.stack([a.sum() for a in acts])
+        assert b.stats["remats"] > 0  # x * c among them, from the kept constant
+        got = sums.tolist()  # a copy: sums' memory does not escape
+        del acts
+        full_poll(b)
+        assert b.stats["memory_bytes"] == 4 * n + 32 + 4  # x, sums and c, which sums is computed from
+        del sums
+        full_poll(b)
+        assert b.stats["memory_bytes"] == 4 * n  # c went with the last thing that needed it
+    assert got == ref_sums.tolist()
+    r = replay(path, "eqclass", limit)  # the log has the protect and release where they happened
+    assert (r.status, r.evictions, r.remats) == ("ok", b.stats["evictions"], b.stats["remats"])
 
 
 def test_a_constant_write_does_not_bring_back_what_the_program_dropped():

@@ -119,6 +119,22 @@ _SEEDED = torch.Tag.nondeterministic_seeded  # a random op: its generator state 
 # it. A storage that was already gone when it was released is "forgotten"
 # (marked evicted) so that it is recomputed rather than read.
 
+# Note [Keeping a dead constant]
+# When the program drops a constant (a storage from before the block, or one
+# pinned since), the storages still referenced that were computed from it must
+# not need its value again: protect() pins them, recomputing those evicted.
+# Pinned, they cannot be evicted any more, and when the program drops one of
+# them in turn, what was computed from it is pinned too. In Hugging Face's
+# GPT-2 (transformers 5.17) the causal mask is `where(mask, tensor(0.0), min)`:
+# dropping the scalar pinned the mask, and dropping the mask after the last
+# layer pinned every attention activation still held for the backward pass,
+# which at half the peak no longer fit. Keeping the dead constant instead costs
+# its bytes, which the budget already counts, until what needs it dies. So a
+# dead constant is kept while its bytes are fewer than those protect() would
+# pin, and looked at again at each full poll: once what needs it shrinks below
+# its size (or to nothing) it is protected and released as before. The log
+# records the protect and release when they happen, so replays agree.
+
 # Note [Dropped buffers]
 # The core learns that the program dropped a storage only at the next poll;
 # until then it still counts a reference. Anything that brings such a storage
@@ -433,17 +449,29 @@ class DTRMode(TorchDispatchMode):
         if not dead:
             return
         # Activations first, so the core knows they are gone before anything is
-        # recomputed; then constants, each protected while all are still there.
-        constants = [h for h in dead if core.pinned(core.storage_of(self.alive[h]))]
+        # recomputed; then constants, each protected while all are still there,
+        # except those worth keeping for now (Note [Keeping a dead constant]).
+        pinned = core.pinned
+        constants = [h for h in dead if pinned(storage_of(alive[h]))]
         for h in dead:
             if h not in constants:
                 self._release(h)
+        constants = [h for h in constants if not self._worth_keeping(storage_of(alive[h]))]
         for h in constants:
             if self.recorder is not None:
                 self.recorder.protect(h)
             core.protect(core.storage_of(self.alive[h]))
         for h in constants:
             self._release(h)
+
+    def _worth_keeping(self, s: int) -> bool:
+        """Whether dead constant ``s`` costs less kept than protecting what needs it (Note [Keeping a dead constant]).
+
+        O(storages computed from ``s``), run at each full poll while it is kept.
+        """
+        core = self.core
+        size = core.storage_size
+        return size(s) < sum(size(d) for d in core.protect_targets(s))
 
     def _release_dropped_targets(self, s: int) -> None:
         """Before protect(s): release what it would pin that the program dropped since the last poll."""
