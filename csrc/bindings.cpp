@@ -128,6 +128,7 @@ PYBIND11_MODULE(_C, m) {
       .def("counters", [](const Core& c) { return counters_dict(c.counters()); })
       .def_property_readonly("clock", &Core::clock)
       .def_property_readonly("memory", [](const Core& c) { return c.counters().memory; })
+      .def_property_readonly("peak_memory", [](const Core& c) { return c.counters().peak_memory; })
       .def_property_readonly("remat_compute", [](const Core& c) { return c.counters().remat_compute; })
       .def_property_readonly("base_compute", [](const Core& c) { return c.counters().base_compute; })
       .def_property("budget", &Core::budget, &Core::set_budget)

@@ -263,6 +263,7 @@ class Core:
     clock = _core_property("clock", "The core's clock: the sum of the costs computed so far (staleness).")
     budget = _core_property("budget", "The budget in bytes (-1: none).")
     memory = _core_property("memory", "Bytes resident now, as the core accounts them.")
+    peak_memory = _core_property("peak_memory", "The most bytes resident at once so far.")
     base_compute = _core_property("base_compute", "Compute of first computations so far (cost units).")
     remat_compute = _core_property("remat_compute", "Compute of recomputations so far (cost units).")
 

@@ -12,7 +12,8 @@ from dtr.core import Core
 torch = pytest.importorskip("torch")
 
 import dtr  # noqa: E402
-from dtr.runtime.timing import CudaEventTimer, ProvisionalCosts, WallTimer, make_timer  # noqa: E402
+from dtr.runtime.timing import (MEASURE_FIRST, RESAMPLE_EVERY, CudaEventTimer, ProvisionalCosts,  # noqa: E402
+                               WallTimer, make_timer)
 
 sys.path.insert(0, os.path.dirname(__file__))
 from runtime_models import constant_bytes, mlp, train_step  # noqa: E402
@@ -238,6 +239,18 @@ def test_provisional_costs():
     assert p.guess("k3", "relu", 5.0) == 5.0
 
 
+def test_provisional_costs_sample_repeated_keys():
+    p = ProvisionalCosts()
+    assert [p.sampled("k") for _ in range(MEASURE_FIRST)] == [None] * MEASURE_FIRST  # the first runs: timed
+    assert p.sampled("k") is None  # nothing measured yet: timed again
+    p.observe("k", "mm", 70.0)
+    runs = [p.sampled("k") for _ in range(MEASURE_FIRST + 1, 3 * RESAMPLE_EVERY + 1)]
+    timed = [n for n, c in enumerate(runs, MEASURE_FIRST + 2) if c is None]
+    assert timed == [RESAMPLE_EVERY, 2 * RESAMPLE_EVERY, 3 * RESAMPLE_EVERY]  # one in RESAMPLE_EVERY
+    assert set(runs) == {None, 70.0}
+    assert p.sampled("other") is None  # keys count apart
+
+
 def fake_budget(limit, fake, max_pending=64, **kw):
     """A CPU budget whose ops are timed by the event timer on fake events."""
     b = dtr.budget(limit, cost_model="time", device="cpu", **kw)
@@ -287,6 +300,36 @@ def test_runtime_learns_real_costs_through_set_cost_without_synchronizing():
     assert torch.equal(loss, ref_loss)
     for p, q in zip(model.parameters(), ref.parameters()):
         assert torch.equal(p.grad, q.grad)
+
+
+def test_the_event_timer_samples_an_op_that_repeats():
+    """Only the first runs of an op key and one in RESAMPLE_EVERY are timed (Note [Sampled timing on CUDA])."""
+    x, w = torch.randn(32, 32), torch.randn(32, 32) / 6
+    ref = x
+    for _ in range(40):
+        ref = torch.mm(ref, w)
+    fake = FakeEvents(lag=0, ms=lambda i: 1.0 + i)  # every op resolves by the next one; distinct times
+    b, mode, resolved = fake_budget(None, fake)
+    try:
+        h, costs = x, []
+        for _ in range(40):
+            h = torch.mm(h, w)
+            costs.append(mode.core.op_cost(mode.core.num_ops - 1))
+        mode.timer.flush()
+        n_timed = MEASURE_FIRST + 40 // RESAMPLE_EVERY
+        assert len(fake.durations) == n_timed
+        # An untimed run costs what the key's last measurement said.
+        last = None
+        for n, c in enumerate(costs, 1):
+            if n <= MEASURE_FIRST or n % RESAMPLE_EVERY == 0:
+                last = None  # timed: resolved later (its provisional cost may differ)
+            else:
+                last = c if last is None else last
+                assert c == last
+        mode.core.check()
+    finally:
+        b.__exit__(None, None, None)
+    assert torch.equal(h, ref)
 
 
 def test_runtime_under_a_budget_with_lazy_costs_and_a_small_bound():
