@@ -1,0 +1,228 @@
+"""Seeded random PyTorch programs for differential tests of the runtime against eager PyTorch.
+
+A program is a list of instructions over named tensors: pointwise and matrix
+ops, views (transposes, slices, reshapes, detach), in-place writes (through
+views too), random ops, concatenation, reductions, factories and dropped
+names. :func:`generate` builds one instruction at a time, running each
+eagerly and keeping only those PyTorch accepts, and retries until the
+program's backward also runs, so every program it returns is valid plain
+PyTorch. :func:`run` executes a program, optionally inside a context (a
+``dtr.budget``), and returns what it computed.
+"""
+from __future__ import annotations
+
+import contextlib
+import random
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+
+__all__ = ["Instr", "Program", "Result", "generate", "run"]
+
+SHAPES = [(16, 16), (16, 32), (32, 16), (32, 32)]
+KEEP = 3  # names the program still holds after its loss (run)
+
+
+class Instr(NamedTuple):
+    """One instruction: ``kind`` (a key of _OPS), its output name (or None) and its arguments."""
+
+    kind: str
+    out: Optional[str]
+    args: Tuple[Any, ...]
+
+
+class Program(NamedTuple):
+    seed: int
+    params: Tuple[Tuple[int, int], ...]   # shapes of the leaves that require grad
+    inputs: Tuple[Tuple[int, int], ...]   # shapes of the inputs
+    instrs: Tuple[Instr, ...]
+
+
+class Result(NamedTuple):
+    loss: torch.Tensor
+    grads: List[Optional[torch.Tensor]]
+    values: Dict[str, torch.Tensor]   # the names the program still holds at the end, cloned after the context
+
+
+_UNARY: Dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "relu": torch.relu, "tanh": torch.tanh, "sigmoid": torch.sigmoid, "neg": torch.neg,
+    "square": lambda a: a * a, "exp": lambda a: torch.exp(a.clamp(max=3.0)), "abs": torch.abs,
+    "softmax": lambda a: torch.softmax(a, dim=-1), "layer_norm": lambda a: F.layer_norm(a, a.shape[-1:]),
+    "clone": torch.clone, "contiguous": lambda a: a.t().contiguous(),
+}
+_BINARY: Dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
+    "add": torch.add, "mul": torch.mul, "sub": torch.sub, "maximum": torch.maximum,
+}
+_INPLACE: Dict[str, Callable[..., Any]] = {
+    "mul_": lambda a: a.mul_(0.5), "add_": lambda a, b: a.add_(b), "relu_": lambda a: a.relu_(),
+    "clamp_": lambda a: a.clamp_(-1.0, 1.0), "copy_": lambda a, b: a.copy_(b), "zero_": lambda a: a.zero_(),
+    "masked_fill_": lambda a: a.masked_fill_(a > 0.5, 0.25), "sigmoid_": lambda a: a.sigmoid_(),
+    "bernoulli_": lambda a: a.bernoulli_(0.5),
+}
+_VIEWS: Dict[str, Callable[..., torch.Tensor]] = {
+    "t": lambda a: a.t(),
+    "rows": lambda a, i, j, s: a[i:j:s],
+    "cols": lambda a, i, j, s: a[:, i:j:s],
+    "flat_half": lambda a: a.reshape(-1)[: a.numel() // 2].view(a.shape[0] // 2, a.shape[1]),
+    "detach": lambda a: a.detach(),
+    "split0": lambda a: a.split(a.shape[0] // 2, dim=0)[0],
+    "diag_row": lambda a: a.narrow(0, 1, 2),
+}
+
+
+def _exec(ins: Instr, env: Dict[str, torch.Tensor]) -> None:
+    k, out, args = ins
+    t = lambda n: env[n]  # noqa: E731
+    if k == "unary":
+        env[out] = _UNARY[args[0]](t(args[1]))
+    elif k == "binary":
+        env[out] = _BINARY[args[0]](t(args[1]), t(args[2]))
+    elif k == "mm":
+        env[out] = t(args[0]) @ t(args[1])
+    elif k == "view":
+        env[out] = _VIEWS[args[0]](t(args[1]), *args[2:])
+    elif k == "inplace":
+        _INPLACE[args[0]](*[t(n) for n in args[1:]])
+    elif k == "dropout":
+        env[out] = F.dropout(t(args[0]), p=args[1], training=True)
+    elif k == "randn_like":
+        env[out] = torch.randn_like(t(args[0])) + t(args[0])
+    elif k == "cat":
+        env[out] = torch.cat([t(args[0]), t(args[1])], dim=args[2])
+    elif k == "sum":
+        env[out] = t(args[0]).sum(dim=args[1], keepdim=True)
+    elif k == "ones":
+        env[out] = torch.ones(args[0]) * args[1]
+    elif k == "del":
+        del env[args[0]]
+    else:
+        raise ValueError(f"unknown instruction kind {k!r}")
+
+
+def _pick(rng: random.Random, env: Dict[str, torch.Tensor], pred=lambda x: True) -> Optional[str]:
+    names = [n for n, x in env.items() if pred(x)]
+    return rng.choice(names) if names else None
+
+
+def _propose(rng: random.Random, env: Dict[str, torch.Tensor], fresh: Callable[[], str]) -> Optional[Instr]:
+    kind = rng.choices(["unary", "binary", "mm", "view", "inplace", "dropout", "randn_like", "cat", "sum",
+                        "ones", "del"], weights=[14, 12, 10, 14, 14, 5, 3, 4, 3, 2, 8])[0]
+    a = _pick(rng, env)
+    if a is None:
+        return None
+    if kind == "unary":
+        return Instr(kind, fresh(), (rng.choice(sorted(_UNARY)), a))
+    if kind == "binary":
+        b = _pick(rng, env, lambda x: x.shape == env[a].shape)
+        return Instr(kind, fresh(), (rng.choice(sorted(_BINARY)), a, b))
+    if kind == "mm":
+        b = _pick(rng, env, lambda x: x.dim() == 2 and env[a].dim() == 2 and x.shape[0] == env[a].shape[1])
+        return None if b is None else Instr(kind, fresh(), (a, b))
+    if kind == "view":
+        v = rng.choice(sorted(_VIEWS))
+        extra: Tuple[Any, ...] = ()
+        if v in ("rows", "cols"):
+            n = env[a].shape[0 if v == "rows" else 1] if env[a].dim() == 2 else 0
+            if n < 2:
+                return None
+            i = rng.randrange(0, n // 2)
+            extra = (i, rng.randrange(i + 1, n + 1), rng.choice([1, 1, 2]))
+        return Instr(kind, fresh(), (v, a) + extra)
+    if kind == "inplace":
+        f = rng.choice(sorted(_INPLACE))
+        if f in ("add_", "copy_"):
+            b = _pick(rng, env, lambda x: x.shape == env[a].shape)
+            return None if b is None or b == a else Instr(kind, None, (f, a, b))
+        return Instr(kind, None, (f, a))
+    if kind == "dropout":
+        return Instr(kind, fresh(), (a, rng.choice([0.1, 0.5])))
+    if kind == "randn_like":
+        return Instr(kind, fresh(), (a,))
+    if kind == "cat":
+        d = rng.randrange(2)
+        b = _pick(rng, env, lambda x: x.dim() == 2 and env[a].dim() == 2 and x.shape[1 - d] == env[a].shape[1 - d])
+        return None if b is None else Instr(kind, fresh(), (a, b, d))
+    if kind == "sum":
+        return Instr(kind, fresh(), (a, rng.randrange(env[a].dim()))) if env[a].dim() == 2 else None
+    if kind == "ones":
+        return Instr(kind, fresh(), (rng.choice(SHAPES), rng.choice([0.5, 2.0])))
+    return Instr("del", None, (a,)) if len(env) > 4 else None
+
+
+def _leaves(p: Program) -> Tuple[List[torch.Tensor], List[torch.Tensor]]:
+    g = torch.Generator().manual_seed(p.seed)
+    params = [torch.randn(s, generator=g).requires_grad_() for s in p.params]
+    inputs = [torch.randn(s, generator=g) for s in p.inputs]
+    return params, inputs
+
+
+def _env(params: List[torch.Tensor], inputs: List[torch.Tensor]) -> Dict[str, torch.Tensor]:
+    env = {f"p{i}": x for i, x in enumerate(params)}
+    env.update({f"x{i}": x for i, x in enumerate(inputs)})
+    return env
+
+
+def _loss(env: Dict[str, torch.Tensor]) -> torch.Tensor:
+    terms = [x.sum() * (1.0 / (k + 1)) for k, (n, x) in enumerate(sorted(env.items()))
+             if x.requires_grad and x.is_floating_point()]
+    return torch.stack(terms).sum() if terms else torch.zeros(())
+
+
+def run(p: Program, ctx: Optional[Any] = None) -> Result:
+    """Execute ``p`` (inside ``ctx`` if given): forward instructions, the loss and its backward.
+
+    Raises whatever the program or the context raises.
+    """
+    params, inputs = _leaves(p)
+    torch.manual_seed(p.seed)
+    with (ctx if ctx is not None else contextlib.nullcontext()):
+        env = _env(params, inputs)
+        for ins in p.instrs:
+            _exec(ins, env)
+        loss = _loss(env)
+        # The program keeps a few names; the rest lives on only in autograd's saved tensors.
+        env = {n: env[n] for n in sorted(env)[-KEEP:]}
+        if loss.requires_grad:
+            loss.backward()
+    values = {n: x.detach().clone() for n, x in env.items()}
+    return Result(loss.detach().clone(), [None if q.grad is None else q.grad.clone() for q in params], values)
+
+
+def generate(seed: int, length: int = 60, attempts: int = 20) -> Program:
+    """A valid random program: each kept instruction ran eagerly, and so did the loss's backward."""
+    for attempt in range(attempts):
+        rng = random.Random(f"{seed}/{attempt}")
+        shapes = tuple(SHAPES)
+        inputs = tuple(rng.choice(SHAPES) for _ in range(2))
+        p = Program(seed, shapes, inputs, ())
+        params, xs = _leaves(p)
+        env = _env(params, xs)
+        counter = iter(range(10 ** 6))
+        instrs: List[Instr] = []
+        torch.manual_seed(seed)
+        for _ in range(20 * length):  # proposals (most are kept)
+            if len(instrs) == length:
+                break
+            ins = _propose(rng, env, lambda: f"v{next(counter)}")
+            if ins is None:
+                continue
+            trial = dict(env)
+            try:
+                _exec(ins, trial)
+                loss = _loss(trial)
+                if ins.kind == "inplace" and loss.requires_grad:  # it must not overwrite a saved tensor
+                    torch.autograd.grad(loss, params, allow_unused=True, retain_graph=True)
+            except RuntimeError:  # an in-place write autograd forbids, a view that cannot be taken, ...
+                continue
+            env = trial
+            instrs.append(ins)
+        if len(instrs) < length:
+            continue
+        p = p._replace(instrs=tuple(instrs))
+        try:
+            run(p)
+        except RuntimeError:  # autograd refused the backward (a saved tensor was overwritten): try again
+            continue
+        return p
+    raise RuntimeError(f"no valid program for seed {seed} in {attempts} attempts")
