@@ -49,22 +49,6 @@ class _Nop(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def _rss_hwm() -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError("no VmHWM in /proc/self/status (this benchmark needs Linux)")
-
-
-def _rss() -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError("no VmRSS in /proc/self/status (this benchmark needs Linux)")
-
-
 def main(argv: Optional[List[str]] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=7)
@@ -99,9 +83,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     step("plain")
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")
-    base = _rss()
+    base = bench_runtime._status()["rss"]  # (Linux: /proc/self/status)
     step("plain")
-    peak = _rss_hwm() - base
+    peak = bench_runtime._status()["hwm"] - base
     limit = int(const + a.frac * peak)
     print(f"C = {const / 2**20:.1f} MiB, P = {peak / 2**20:.1f} MiB (this process), "
           f"budget C + {a.frac} P = {limit / 2**20:.1f} MiB")

@@ -2,8 +2,9 @@
 
 A program is a list of instructions over named tensors: pointwise and matrix
 ops, views (transposes, slices, reshapes, detach), in-place writes (through
-views too), random ops, concatenation, reductions, factories and dropped
-names. :func:`generate` builds one instruction at a time, running each
+views too, ``out=`` and ``index_put_``), random ops, concatenation,
+reductions, an op with two outputs, ``no_grad`` regions, factories and
+dropped names. :func:`generate` builds one instruction at a time, running each
 eagerly and keeping only those PyTorch accepts, and retries until the
 program's backward also runs, so every program it returns is valid plain
 PyTorch. :func:`run` executes a program, optionally inside a context (a
@@ -94,6 +95,19 @@ def _exec(ins: Instr, env: Dict[str, torch.Tensor]) -> None:
         env[out] = t(args[0]).sum(dim=args[1], keepdim=True)
     elif k == "ones":
         env[out] = torch.ones(args[0]) * args[1]
+    elif k == "max":  # an op with two outputs (values, indices); the indices pick rows of another tensor
+        values, idx = t(args[0]).max(dim=1)
+        env[out] = values.unsqueeze(1) + t(args[1]).index_select(0, idx % t(args[1]).shape[0])
+    elif k == "index_put":  # a[rows] = b[rows], rows an integer tensor made inside the program
+        rows = torch.arange(0, t(args[0]).shape[0], 3)
+        t(args[0]).index_put_((rows,), t(args[1])[rows])
+    elif k == "out":  # an out= op writing into an existing tensor
+        torch.mul(t(args[1]), t(args[2]), out=t(args[0]))
+    elif k == "no_grad":
+        with torch.no_grad():
+            env[out] = t(args[0]) * 3.0
+    elif k == "expand":
+        env[out] = t(args[0]).sum(0, keepdim=True).expand_as(t(args[0])) * t(args[0])
     elif k == "del":
         del env[args[0]]
     else:
@@ -107,7 +121,8 @@ def _pick(rng: random.Random, env: Dict[str, torch.Tensor], pred=lambda x: True)
 
 def _propose(rng: random.Random, env: Dict[str, torch.Tensor], fresh: Callable[[], str]) -> Optional[Instr]:
     kind = rng.choices(["unary", "binary", "mm", "view", "inplace", "dropout", "randn_like", "cat", "sum",
-                        "ones", "del"], weights=[14, 12, 10, 14, 14, 5, 3, 4, 3, 2, 8])[0]
+                        "ones", "del", "max", "index_put", "out", "no_grad", "expand"],
+                       weights=[14, 12, 10, 14, 14, 5, 3, 4, 3, 2, 8, 3, 3, 3, 2, 2])[0]
     a = _pick(rng, env)
     if a is None:
         return None
@@ -145,6 +160,15 @@ def _propose(rng: random.Random, env: Dict[str, torch.Tensor], fresh: Callable[[
         return None if b is None else Instr(kind, fresh(), (a, b, d))
     if kind == "sum":
         return Instr(kind, fresh(), (a, rng.randrange(env[a].dim()))) if env[a].dim() == 2 else None
+    if kind in ("max", "index_put"):
+        b = _pick(rng, env, lambda x: x.dim() == 2 and env[a].dim() == 2 and x.shape[1] == env[a].shape[1]
+                  and (kind == "max" or x.shape == env[a].shape))
+        return None if b is None or env[a].dim() != 2 else Instr(kind, fresh() if kind == "max" else None, (a, b))
+    if kind == "out":
+        b = _pick(rng, env, lambda x: x.shape == env[a].shape)
+        return None if b is None or b == a else Instr(kind, None, (a, b, b))
+    if kind in ("no_grad", "expand"):
+        return Instr(kind, fresh(), (a,)) if env[a].dim() == 2 else None
     if kind == "ones":
         return Instr(kind, fresh(), (rng.choice(SHAPES), rng.choice([0.5, 2.0])))
     return Instr("del", None, (a,)) if len(env) > 4 else None
@@ -211,7 +235,7 @@ def generate(seed: int, length: int = 60, attempts: int = 20) -> Program:
             try:
                 _exec(ins, trial)
                 loss = _loss(trial)
-                if ins.kind == "inplace" and loss.requires_grad:  # it must not overwrite a saved tensor
+                if ins.kind in ("inplace", "index_put", "out") and loss.requires_grad:  # it must not overwrite a saved tensor
                     torch.autograd.grad(loss, params, allow_unused=True, retain_graph=True)
             except RuntimeError:  # an in-place write autograd forbids, a view that cannot be taken, ...
                 continue

@@ -3,10 +3,11 @@
 Each program (tests/random_programs.py) mixes views, in-place writes through
 views, random ops, factories and dropped names; it runs eagerly, then under
 ``dtr.budget`` without a limit and at fractions of its own peak, with each
-heuristic. Every run must give the eager loss, gradients and final values
-bit for bit, or raise ``OutOfBudgetError`` / ``ThrashingError`` (an
-infeasible budget); anything else is a failure. Across the programs, tight
-budgets must really evict and recompute, or the comparison proves nothing.
+heuristic (flop costs: reproducible decisions) and with measured op times.
+Every run must give the eager loss, gradients and final values bit for bit,
+or raise ``OutOfBudgetError`` / ``ThrashingError`` (an infeasible budget);
+anything else is a failure. Across the programs, tight budgets must really
+evict and recompute, or the comparison proves nothing.
 """
 from __future__ import annotations
 
@@ -41,20 +42,21 @@ def _constant_bytes(p) -> int:
     return sum(4 * r * c for r, c in p.params + p.inputs) * 2  # leaves and their gradients
 
 
-@pytest.mark.parametrize("heuristic", ["eqclass", "dtr", "lru"])
-def test_random_programs_are_exact_or_fail_cleanly(heuristic):
+@pytest.mark.parametrize("heuristic,cost_model", [("eqclass", "flops"), ("dtr", "flops"), ("lru", "flops"),
+                                                  ("eqclass", "time")])
+def test_random_programs_are_exact_or_fail_cleanly(heuristic, cost_model):
     evicting = exact = infeasible = 0
     for seed in SEEDS:
         p = generate(seed)
         want = run(p)
-        b = dtr.budget(None, cost_model="flops", heuristic=heuristic)
+        b = dtr.budget(None, cost_model=cost_model, heuristic=heuristic)
         assert_equal(run(p, b), want, f"seed {seed}, no limit")
         peak = b.stats["peak_bytes"]
         const = _constant_bytes(p)
         for f in FRACTIONS:
             limit = int(const + f * max(peak - const, 0))
-            b = dtr.budget(limit, cost_model="flops", heuristic=heuristic)
-            what = f"seed {seed}, {heuristic} at {f:.0%} ({limit} bytes)"
+            b = dtr.budget(limit, cost_model=cost_model, heuristic=heuristic)
+            what = f"seed {seed}, {heuristic} ({cost_model}) at {f:.0%} ({limit} bytes)"
             try:
                 got = run(p, b)
             except (dtr.OutOfBudgetError, dtr.ThrashingError):
