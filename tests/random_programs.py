@@ -8,7 +8,9 @@ dropped names. :func:`generate` builds one instruction at a time, running each
 eagerly and keeping only those PyTorch accepts, and retries until the
 program's backward also runs, so every program it returns is valid plain
 PyTorch. :func:`run` executes a program, optionally inside a context (a
-``dtr.budget``), and returns what it computed.
+``dtr.budget``), and returns what it computed; :func:`run_steps` runs it as
+several training steps with an in-place SGD update, in one context per step
+or one around all.
 """
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple
 import torch
 import torch.nn.functional as F
 
-__all__ = ["Instr", "Program", "Result", "generate", "run"]
+__all__ = ["Instr", "Program", "Result", "generate", "run", "run_steps"]
 
 SHAPES = [(16, 16), (16, 32), (32, 16), (32, 32)]
 KEEP = 3  # names the program still holds after its loss (run)
@@ -146,9 +148,9 @@ def _propose(rng: random.Random, env: Dict[str, torch.Tensor], fresh: Callable[[
         return Instr(kind, fresh(), (v, a) + extra)
     if kind == "inplace":
         f = rng.choice(sorted(_INPLACE))
-        if f in ("add_", "copy_"):
+        if f in ("add_", "copy_"):  # (b may be a itself: a write that reads its target twice)
             b = _pick(rng, env, lambda x: x.shape == env[a].shape)
-            return None if b is None or b == a else Instr(kind, None, (f, a, b))
+            return None if b is None else Instr(kind, None, (f, a, rng.choice([a, b, b])))
         return Instr(kind, None, (f, a))
     if kind == "dropout":
         return Instr(kind, fresh(), (a, rng.choice([0.1, 0.5])))
@@ -164,9 +166,9 @@ def _propose(rng: random.Random, env: Dict[str, torch.Tensor], fresh: Callable[[
         b = _pick(rng, env, lambda x: x.dim() == 2 and env[a].dim() == 2 and x.shape[1] == env[a].shape[1]
                   and (kind == "max" or x.shape == env[a].shape))
         return None if b is None or env[a].dim() != 2 else Instr(kind, fresh() if kind == "max" else None, (a, b))
-    if kind == "out":
+    if kind == "out":  # torch.mul(b, c, out=a), where b or c may be a
         b = _pick(rng, env, lambda x: x.shape == env[a].shape)
-        return None if b is None or b == a else Instr(kind, None, (a, b, b))
+        return None if b is None else Instr(kind, None, (a,) + rng.choice([(b, b), (a, b), (a, a)]))
     if kind in ("no_grad", "expand"):
         return Instr(kind, fresh(), (a,)) if env[a].dim() == 2 else None
     if kind == "ones":
@@ -210,6 +212,50 @@ def run(p: Program, ctx: Optional[Any] = None) -> Result:
         if loss.requires_grad:
             loss.backward()
     values = {n: x.detach().clone() for n, x in env.items()}
+    return Result(loss.detach().clone(), [None if q.grad is None else q.grad.clone() for q in params], values)
+
+
+def run_steps(p: Program, steps: int = 3, *, per_step: Optional[Callable[[], Any]] = None,
+              around: Optional[Any] = None, lr: float = 0.01) -> List[Result]:
+    """Execute ``p`` as ``steps`` training steps over the same leaves; one Result per step.
+
+    Each step runs the instructions on the current parameters and inputs (the
+    program's in-place writes to inputs carry over), adds the loss's gradients
+    to the parameters' (never zeroed: accumulation across steps), then updates
+    the parameters in place (SGD, under ``no_grad``). ``per_step()`` makes a
+    context for each step; ``around`` is one context around all of them, and
+    then only the last step's Result is complete (the others hold the loss).
+    ``values`` also holds the parameters after the step's update.
+    """
+    params, inputs = _leaves(p)
+    torch.manual_seed(p.seed)
+    out: List[Result] = []
+    with (around if around is not None else contextlib.nullcontext()):
+        for _ in range(steps):
+            with (per_step() if per_step is not None else contextlib.nullcontext()):
+                env = _env(params, inputs)
+                for ins in p.instrs:
+                    _exec(ins, env)
+                loss = _loss(env)
+                env = {n: env[n] for n in sorted(env)[-KEEP:]}
+                if loss.requires_grad:
+                    loss.backward()
+                with torch.no_grad():
+                    for q in params:
+                        if q.grad is not None:
+                            q.sub_(lr * q.grad)
+            if around is None:  # (after the step's own context: the copies are the test's, not the step's memory)
+                out.append(_result(loss, params, env))
+            else:  # inside the context: only the loss now, the rest after the last step
+                out.append(Result(loss.detach().clone(), [], {}))
+    if around is not None:
+        out[-1] = _result(out[-1].loss, params, env)
+    return out
+
+
+def _result(loss: torch.Tensor, params: List[torch.Tensor], env: Dict[str, torch.Tensor]) -> Result:
+    values = {n: x.detach().clone() for n, x in env.items()}
+    values.update({f"param{i}": q.detach().clone() for i, q in enumerate(params)})
     return Result(loss.detach().clone(), [None if q.grad is None else q.grad.clone() for q in params], values)
 
 

@@ -11,6 +11,7 @@ evict and recompute, or the comparison proves nothing.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 
@@ -21,21 +22,33 @@ torch = pytest.importorskip("torch")
 import dtr  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(__file__))
-from random_programs import Result, generate, run  # noqa: E402
+from random_programs import Result, generate, run, run_steps  # noqa: E402
 
 SEEDS = range(48)
 FRACTIONS = (0.6, 0.35, 0.2)
 
 
+_BITS = {torch.float32: torch.int32, torch.float64: torch.int64}
+
+
+def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Bit-for-bit equality (NaNs included, which ``torch.equal`` never finds equal)."""
+    if a.dtype != b.dtype or a.shape != b.shape:
+        return False
+    if a.dtype in _BITS:
+        a, b = a.contiguous().view(_BITS[a.dtype]), b.contiguous().view(_BITS[b.dtype])
+    return torch.equal(a, b)
+
+
 def assert_equal(got: Result, want: Result, what: str) -> None:
-    assert torch.equal(got.loss, want.loss), f"{what}: loss {got.loss} != {want.loss}"
+    assert same_bits(got.loss, want.loss), f"{what}: loss {got.loss} != {want.loss}"
     for i, (g, w) in enumerate(zip(got.grads, want.grads)):
         assert (g is None) == (w is None), f"{what}: gradient {i} present in one run only"
         if g is not None:
-            assert torch.equal(g, w), f"{what}: gradient {i} differs (max |diff| {(g - w).abs().max()})"
+            assert same_bits(g, w), f"{what}: gradient {i} differs (max |diff| {(g - w).abs().max()})"
     assert got.values.keys() == want.values.keys()
     for n in want.values:
-        assert torch.equal(got.values[n], want.values[n]), f"{what}: value {n} differs"
+        assert same_bits(got.values[n], want.values[n]), f"{what}: value {n} differs"
 
 
 def _constant_bytes(p) -> int:
@@ -69,3 +82,44 @@ def test_random_programs_are_exact_or_fail_cleanly(heuristic, cost_model):
     # The comparisons must cover real evictions and recomputations, not only easy budgets.
     assert exact >= len(SEEDS) * len(FRACTIONS) // 2, (exact, infeasible)
     assert evicting >= len(SEEDS) // 2, (evicting, exact, infeasible)
+
+
+@pytest.mark.parametrize("one_with", [False, True], ids=["one-with-per-step", "one-with-around-all"])
+def test_random_programs_over_training_steps_are_exact(one_with):
+    """Three steps with accumulated gradients and an in-place SGD update (writes to constants) in each.
+
+    One block per step starts from what the last one left (parameters,
+    gradients, inputs the program wrote); one block around all steps keeps
+    its graph across them.
+    """
+    recomputing = infeasible = 0
+    for seed in range(16):
+        p = generate(100 + seed)
+        want = run_steps(p, around=contextlib.nullcontext() if one_with else None)
+        blocks = []
+
+        def tracked():
+            blocks.append(dtr.budget(None, cost_model="flops"))
+            return blocks[-1]
+        run_steps(p, around=tracked()) if one_with else run_steps(p, per_step=tracked)
+        peak = max(b.stats["peak_bytes"] for b in blocks)
+        const = _constant_bytes(p)
+        for f in (0.5, 0.25):
+            limit = int(const + f * max(peak - const, 0))
+            blocks = []
+
+            def budgeted():
+                blocks.append(dtr.budget(limit, cost_model="flops"))
+                return blocks[-1]
+            try:
+                if one_with:
+                    got = run_steps(p, around=budgeted())
+                else:
+                    got = run_steps(p, per_step=budgeted)
+            except (dtr.OutOfBudgetError, dtr.ThrashingError):
+                infeasible += 1
+                continue
+            for k, (g, w) in enumerate(zip(got, want)):
+                assert_equal(g, w, f"seed {100 + seed} at {f:.0%}, step {k}")
+            recomputing += sum(b.stats["remats"] > 0 for b in blocks) > 0
+    assert recomputing >= 8, (recomputing, infeasible)

@@ -282,6 +282,13 @@ def _flat(x: Any, leaves: list) -> Any:
     return None
 
 
+def _count_leaves(x: Any) -> int:
+    """How many leaves _flat makes of x."""
+    if isinstance(x, (list, tuple)):
+        return sum(_count_leaves(v) for v in x)
+    return 1
+
+
 def _unflat(spec: Any, it) -> Any:
     if spec is None:
         return next(it)
@@ -974,18 +981,44 @@ class DTRMode(TorchDispatchMode):
         self._commit(op, func, leaves, spec, ins, tpos, sizes, owning, flat_out, [], [], rng, cost)
         return out
 
+    # Note [Written leaves]
+    # The leaves an op writes are those of the arguments its schema (or a
+    # hidden-write rule) marks as written, found by position, never by
+    # identity: in a.add_(a) or torch.mul(a, b, out=a) the written tensor
+    # object is also read through another argument, and matching by identity
+    # made two writes of one storage (two new versions of it, the second
+    # recorded from an already superseded one; the core then released a
+    # tensor twice). One storage is written at most once per op: a second
+    # written leaf on an already written storage (two written views of it) is
+    # the same write. The core counts the reads: an input read twice holds two
+    # locks, so a recomputation copies the old version instead of handing its
+    # bytes over (Note [Handing bytes over on recomputation] in the core).
     def _written_leaves(self, func, args, kwargs, leaves) -> List[int]:
+        """Leaf positions of the tracked tensors ``func`` writes, one per written storage."""
         positions = written_args(func, args, kwargs)
         if not positions:
             return []
         names = [a.name for a in func._schema.arguments]
-        wanted = []
-        for p in positions:
-            v = args[p] if p < len(args) else kwargs.get(names[p])
-            for x in (v if isinstance(v, (list, tuple)) else [v]):
+        starts, n = {}, 0  # the first leaf of each argument (as tree_flatten orders them)
+        for i, v in enumerate(args):
+            starts[i] = n
+            n += _count_leaves(v)
+        for k, v in kwargs.items():
+            starts[names.index(k)] = n
+            n += _count_leaves(v)
+        out, storages = [], set()
+        for p in sorted(positions):
+            if p not in starts:  # a written argument left at its default (None)
+                continue
+            v = args[p] if p < len(args) else kwargs[names[p]]
+            for i in range(starts[p], starts[p] + _count_leaves(v)):
+                x = leaves[i]
                 if self._trackable(x):
-                    wanted.append(id(x))
-        return [i for i, x in enumerate(leaves) if id(x) in wanted and isinstance(x, torch.Tensor)]
+                    cdata = x.untyped_storage()._cdata
+                    if cdata not in storages:
+                        storages.add(cdata)
+                        out.append(i)
+        return out
 
     def escape(self, x: torch.Tensor, pin: bool = True) -> None:
         """x's memory is about to leave PyTorch's view: bring it back and (with pin) never evict it."""
