@@ -3,8 +3,10 @@
 A program is a list of instructions over named tensors: pointwise and matrix
 ops, views (transposes, slices, reshapes, detach), in-place writes (through
 views too, ``out=`` and ``index_put_``), random ops, concatenation,
-reductions, an op with two outputs, ``no_grad`` regions, factories and
-dropped names. :func:`generate` builds one instruction at a time, running each
+reductions, ops with two outputs, ``no_grad`` regions, outputs whose size
+depends on the data, control flow on ``.item()``, memory escaping through
+``.numpy()``, BatchNorm's hidden writes to its running statistics, factories
+and dropped names. :func:`generate` builds one instruction at a time, running each
 eagerly and keeping only those PyTorch accepts, and retries until the
 program's backward also runs, so every program it returns is valid plain
 PyTorch. :func:`run` executes a program, optionally inside a context (a
@@ -110,6 +112,24 @@ def _exec(ins: Instr, env: Dict[str, torch.Tensor]) -> None:
             env[out] = t(args[0]) * 3.0
     elif k == "expand":
         env[out] = t(args[0]).sum(0, keepdim=True).expand_as(t(args[0])) * t(args[0])
+    elif k == "masked_select":  # an output whose size depends on the data
+        a = t(args[0])
+        picked = a.masked_select(a > 0)
+        env[out] = a * (picked.sum() / (picked.numel() + 1))
+    elif k == "where":
+        env[out] = torch.where(t(args[0]) > 0, t(args[0]), t(args[1]))
+    elif k == "cond":  # Python control flow on a value (.item())
+        a = t(args[0])
+        env[out] = a * 2.0 if a.sum().item() > 0 else a - 1.0
+    elif k == "numpy":  # memory that leaves PyTorch's view, then read through from_numpy
+        env[out] = torch.from_numpy(t(args[0]).detach().numpy()) * 1.5
+    elif k == "batch_norm":  # writes the running statistics (constants) although its schema does not say so
+        a = t(args[0])
+        c = a.shape[1]
+        env[out] = F.batch_norm(a, t(f"bn{c}_mean"), t(f"bn{c}_var"), training=True, momentum=0.1)
+    elif k == "sort":  # two outputs, both used
+        values, idx = t(args[0]).sort(dim=1)
+        env[out] = values * (idx.float() + 1.0)
     elif k == "del":
         del env[args[0]]
     else:
@@ -123,8 +143,9 @@ def _pick(rng: random.Random, env: Dict[str, torch.Tensor], pred=lambda x: True)
 
 def _propose(rng: random.Random, env: Dict[str, torch.Tensor], fresh: Callable[[], str]) -> Optional[Instr]:
     kind = rng.choices(["unary", "binary", "mm", "view", "inplace", "dropout", "randn_like", "cat", "sum",
-                        "ones", "del", "max", "index_put", "out", "no_grad", "expand"],
-                       weights=[14, 12, 10, 14, 14, 5, 3, 4, 3, 2, 8, 3, 3, 3, 2, 2])[0]
+                        "ones", "del", "max", "index_put", "out", "no_grad", "expand", "masked_select", "where",
+                        "cond", "numpy", "batch_norm", "sort"],
+                       weights=[14, 12, 10, 14, 14, 5, 3, 4, 3, 2, 8, 3, 3, 3, 2, 2, 2, 2, 2, 1, 2, 2])[0]
     a = _pick(rng, env)
     if a is None:
         return None
@@ -169,6 +190,15 @@ def _propose(rng: random.Random, env: Dict[str, torch.Tensor], fresh: Callable[[
     if kind == "out":  # torch.mul(b, c, out=a), where b or c may be a
         b = _pick(rng, env, lambda x: x.shape == env[a].shape)
         return None if b is None else Instr(kind, None, (a,) + rng.choice([(b, b), (a, b), (a, a)]))
+    if kind == "where":
+        b = _pick(rng, env, lambda x: x.shape == env[a].shape)
+        return Instr(kind, fresh(), (a, b))
+    if kind in ("masked_select", "cond", "numpy", "sort"):
+        return Instr(kind, fresh(), (a,))
+    if kind == "batch_norm":
+        x = env[a]
+        ok = x.dim() == 2 and x.shape[0] > 1 and all(f"bn{x.shape[1]}_{w}" in env for w in ("mean", "var"))
+        return Instr(kind, fresh(), (a,)) if ok else None
     if kind in ("no_grad", "expand"):
         return Instr(kind, fresh(), (a,)) if env[a].dim() == 2 else None
     if kind == "ones":
@@ -180,12 +210,16 @@ def _leaves(p: Program) -> Tuple[List[torch.Tensor], List[torch.Tensor]]:
     g = torch.Generator().manual_seed(p.seed)
     params = [torch.randn(s, generator=g).requires_grad_() for s in p.params]
     inputs = [torch.randn(s, generator=g) for s in p.inputs]
+    inputs += [torch.zeros(16), torch.ones(16), torch.zeros(32), torch.ones(32)]  # running statistics
     return params, inputs
 
 
 def _env(params: List[torch.Tensor], inputs: List[torch.Tensor]) -> Dict[str, torch.Tensor]:
+    """Names for the leaves: p* (parameters), x* (inputs), bn*_mean / bn*_var (running statistics, last inputs)."""
     env = {f"p{i}": x for i, x in enumerate(params)}
-    env.update({f"x{i}": x for i, x in enumerate(inputs)})
+    env.update({f"x{i}": x for i, x in enumerate(inputs[:-4])})
+    for (c, what), x in zip([(16, "mean"), (16, "var"), (32, "mean"), (32, "var")], inputs[-4:]):
+        env[f"bn{c}_{what}"] = x
     return env
 
 
@@ -283,7 +317,7 @@ def generate(seed: int, length: int = 60, attempts: int = 20) -> Program:
                 loss = _loss(trial)
                 if ins.kind in ("inplace", "index_put", "out") and loss.requires_grad:  # it must not overwrite a saved tensor
                     torch.autograd.grad(loss, params, allow_unused=True, retain_graph=True)
-            except RuntimeError:  # an in-place write autograd forbids, a view that cannot be taken, ...
+            except (RuntimeError, IndexError):  # a write autograd forbids, a view that cannot be taken, ...
                 continue
             env = trial
             instrs.append(ins)

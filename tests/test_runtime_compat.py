@@ -15,6 +15,7 @@ import subprocess
 import sys
 import textwrap
 
+import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -455,6 +456,37 @@ def test_escaped_memory_is_never_evicted(tmp_path, how):
     assert tensor_ok == "True"
     assert inside == "True", "the NumPy array saw freed memory inside the block"
     assert after == "True", "the NumPy array saw stale memory after the block"
+
+
+NUMPY_BACKED = {
+    "from_numpy of an activation": lambda x: torch.from_numpy(x.exp().detach().numpy()),
+    "from_numpy of a new array": lambda x: torch.from_numpy(np.full((64, 64), 0.5, dtype=np.float32)),
+    "an activation seen by NumPy": lambda x: torch.tensor(x.exp().detach().numpy()) + x.exp(),
+}
+
+
+@pytest.mark.parametrize("make", sorted(NUMPY_BACKED))
+@pytest.mark.parametrize("limit", [None, 16 * 64 * 64 * 4], ids=["no-limit", "budget"])
+def test_dropped_numpy_shared_storages_are_freed_without_resizing(make, limit):
+    """Storages that cannot be resized (NumPy's memory, or memory handed to NumPy) are released, not resized.
+
+    The program drops them inside the block; freeing one used to raise
+    "Trying to resize storage that is not resizable" (Note [Storages that
+    cannot be resized] in dtr/runtime/mode.py).
+    """
+    x = torch.randn(64, 64)
+
+    def program():
+        y = NUMPY_BACKED[make](x) * 1.5
+        z = y + 1
+        del y
+        return [z * float(k) for k in range(4)]
+
+    want = program()
+    with dtr.budget(limit, cost_model="flops") as b:
+        got = program()
+        b._mode.poll()  # (as the next full poll would) the dropped storage is freed now
+    assert all(torch.equal(g, w) for g, w in zip(got, want))
 
 
 # ------------------------------------------------------- leaving the block

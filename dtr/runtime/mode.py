@@ -517,11 +517,23 @@ class DTRMode(TorchDispatchMode):
                 core.forget(s)
 
     # ------------------------------------------------------------- core hooks
+    # Note [Storages that cannot be resized]
+    # A storage made outside the dispatcher over memory PyTorch does not own
+    # (torch.from_numpy) and a storage whose memory was handed to NumPy
+    # (.numpy()) cannot be resized. Both are constants, never evicted, but
+    # one the program drops is freed at the next poll, and resize_(0) raised
+    # ("Trying to resize storage that is not resizable") in the middle of the
+    # block. dtr drops its own reference instead: the memory goes when the
+    # last other owner (the NumPy array) lets it go, no longer PyTorch's to
+    # count.
     def _on_evict(self, s: int) -> None:
         buf = self.phys.get(s)
         st = buf.get() if buf is not None else None
         if st is not None:
-            st.resize_(0)
+            if st.resizable():
+                st.resize_(0)
+            else:  # see Note [Storages that cannot be resized]
+                self.phys[s] = _Buf(torch.UntypedStorage(0, device=st.device), owned=True)
         if self.core.storage_refs(s) > 0:
             self._hold_deps(s)
 
