@@ -237,16 +237,22 @@ def run(p: Program, ctx: Optional[Any] = None) -> Result:
     params, inputs = _leaves(p)
     torch.manual_seed(p.seed)
     with (ctx if ctx is not None else contextlib.nullcontext()):
-        env = _env(params, inputs)
-        for ins in p.instrs:
-            _exec(ins, env)
-        loss = _loss(env)
-        # The program keeps a few names; the rest lives on only in autograd's saved tensors.
-        env = {n: env[n] for n in sorted(env)[-KEEP:]}
-        if loss.requires_grad:
-            loss.backward()
+        loss, env = _step(p, params, inputs)
     values = {n: x.detach().clone() for n, x in env.items()}
     return Result(loss.detach().clone(), [None if q.grad is None else q.grad.clone() for q in params], values)
+
+
+def _step(p: Program, params: List[torch.Tensor], inputs: List[torch.Tensor]):
+    """The instructions, the loss and its backward; (loss, the names the program still holds)."""
+    env = _env(params, inputs)
+    for ins in p.instrs:
+        _exec(ins, env)
+    loss = _loss(env)
+    # The program keeps a few names; the rest lives on only in autograd's saved tensors.
+    env = {n: env[n] for n in sorted(env)[-KEEP:]}
+    if loss.requires_grad:
+        loss.backward()
+    return loss, env
 
 
 def run_steps(p: Program, steps: int = 3, *, per_step: Optional[Callable[[], Any]] = None,
@@ -267,13 +273,7 @@ def run_steps(p: Program, steps: int = 3, *, per_step: Optional[Callable[[], Any
     with (around if around is not None else contextlib.nullcontext()):
         for _ in range(steps):
             with (per_step() if per_step is not None else contextlib.nullcontext()):
-                env = _env(params, inputs)
-                for ins in p.instrs:
-                    _exec(ins, env)
-                loss = _loss(env)
-                env = {n: env[n] for n in sorted(env)[-KEEP:]}
-                if loss.requires_grad:
-                    loss.backward()
+                loss, env = _step(p, params, inputs)
                 with torch.no_grad():
                     for q in params:
                         if q.grad is not None:
