@@ -103,8 +103,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         ratio = statistics.median(x / p for x, p in zip(times[v], times["plain"]))
         print(f"{v:6s} median {statistics.median(times[v]):.3f} s   x plain {ratio:.3f}")
     per_round = [d / c for d, c in zip(times["dtr"], times["ckpt"])]
+    slower = sum(r > 1 for r in per_round)
     print("dtr / ckpt per round:", " ".join(f"{r:.3f}" for r in per_round),
-          f"(median {statistics.median(per_round):.3f}; dtr slower in {sum(r > 1 for r in per_round)} of {len(per_round)})")
+          f"(median {statistics.median(per_round):.3f}; dtr slower in {slower} of {len(per_round)})")
 
     if a.profile:
         from torch.profiler import ProfilerActivity, profile

@@ -5,11 +5,14 @@ ops, views (transposes, slices, reshapes, detach), in-place writes (through
 views too, ``out=`` and ``index_put_``), random ops, concatenation,
 reductions, ops with two outputs, ``no_grad`` regions, outputs whose size
 depends on the data, control flow on ``.item()``, memory escaping through
-``.numpy()``, BatchNorm's hidden writes to its running statistics, factories
-and dropped names. :func:`generate` builds one instruction at a time, running each
-eagerly and keeping only those PyTorch accepts, and retries until the
-program's backward also runs, so every program it returns is valid plain
-PyTorch. :func:`run` executes a program, optionally inside a context (a
+``.numpy()``, BatchNorm's hidden writes to its running statistics, in-place
+changes of view metadata (``t_``, ``transpose_``, ``unsqueeze_``), scatter
+writes, bfloat16 autocast regions, a user-defined autograd Function,
+``torch.utils.checkpoint``, factories and dropped names.
+
+:func:`generate` builds one instruction at a time, running each eagerly and
+keeping only those PyTorch accepts, and retries until the program's backward
+also runs, so every program it returns is valid plain PyTorch. :func:`run` executes a program, optionally inside a context (a
 ``dtr.budget``), and returns what it computed; :func:`run_steps` runs it as
 several training steps with an in-place SGD update, in one context per step
 or one around all.
@@ -22,6 +25,7 @@ from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
+import torch.utils.checkpoint
 
 __all__ = ["Instr", "Program", "Result", "generate", "run", "run_steps"]
 
@@ -74,6 +78,24 @@ _VIEWS: Dict[str, Callable[..., torch.Tensor]] = {
     "split0": lambda a: a.split(a.shape[0] // 2, dim=0)[0],
     "diag_row": lambda a: a.narrow(0, 1, 2),
 }
+
+
+class _ScaledMul(torch.autograd.Function):
+    """A user-defined autograd function that saves both inputs for its backward."""
+
+    @staticmethod
+    def forward(ctx, a, b):
+        ctx.save_for_backward(a, b)
+        return a * b * 0.5
+
+    @staticmethod
+    def backward(ctx, grad):
+        a, b = ctx.saved_tensors
+        return grad * b * 0.5, grad * a * 0.5
+
+
+def _block(x: torch.Tensor) -> torch.Tensor:
+    return torch.tanh(x) * torch.sigmoid(x) + x
 
 
 def _exec(ins: Instr, env: Dict[str, torch.Tensor]) -> None:
@@ -130,6 +152,30 @@ def _exec(ins: Instr, env: Dict[str, torch.Tensor]) -> None:
     elif k == "sort":  # two outputs, both used
         values, idx = t(args[0]).sort(dim=1)
         env[out] = values * (idx.float() + 1.0)
+    elif k == "meta_inplace":  # in-place ops on a tensor's view metadata (no bytes written)
+        a = t(args[1])
+        if args[0] == "t_":
+            a.t_()
+        elif args[0] == "unsqueeze_squeeze_":
+            a.unsqueeze_(0)
+            env[out] = a * 1.0
+            a.squeeze_(0)
+        else:
+            a.transpose_(0, 1)
+    elif k == "scatter":  # in-place writes at data-dependent positions
+        a = t(args[0])
+        idx = t(args[1]).argsort(dim=1)[:, : a.shape[1]] % a.shape[1]
+        a.scatter_(1, idx, t(args[1])[:, : a.shape[1]] * 0.5)
+    elif k == "cumsum":
+        env[out] = t(args[0]).cumsum(dim=1) * 0.1
+    elif k == "autocast":  # a bfloat16 region (CPU autocast)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            y = t(args[0]) @ t(args[1])
+        env[out] = y.float()
+    elif k == "function":
+        env[out] = _ScaledMul.apply(t(args[0]), t(args[1]))
+    elif k == "checkpoint":  # torch.utils.checkpoint inside the budget: its recomputation goes through dtr too
+        env[out] = torch.utils.checkpoint.checkpoint(_block, t(args[0]), use_reentrant=False)
     elif k == "del":
         del env[args[0]]
     else:
@@ -144,8 +190,10 @@ def _pick(rng: random.Random, env: Dict[str, torch.Tensor], pred=lambda x: True)
 def _propose(rng: random.Random, env: Dict[str, torch.Tensor], fresh: Callable[[], str]) -> Optional[Instr]:
     kind = rng.choices(["unary", "binary", "mm", "view", "inplace", "dropout", "randn_like", "cat", "sum",
                         "ones", "del", "max", "index_put", "out", "no_grad", "expand", "masked_select", "where",
-                        "cond", "numpy", "batch_norm", "sort"],
-                       weights=[14, 12, 10, 14, 14, 5, 3, 4, 3, 2, 8, 3, 3, 3, 2, 2, 2, 2, 2, 1, 2, 2])[0]
+                        "cond", "numpy", "batch_norm", "sort", "meta_inplace", "scatter", "cumsum", "autocast",
+                        "function", "checkpoint"],
+                       weights=[14, 12, 10, 14, 14, 5, 3, 4, 3, 2, 8, 3, 3, 3, 2, 2, 2, 2, 2, 1, 2, 2, 3, 2, 2, 2,
+                                2, 2])[0]
     a = _pick(rng, env)
     if a is None:
         return None
@@ -190,6 +238,23 @@ def _propose(rng: random.Random, env: Dict[str, torch.Tensor], fresh: Callable[[
     if kind == "out":  # torch.mul(b, c, out=a), where b or c may be a
         b = _pick(rng, env, lambda x: x.shape == env[a].shape)
         return None if b is None else Instr(kind, None, (a,) + rng.choice([(b, b), (a, b), (a, a)]))
+    if kind == "meta_inplace":
+        return Instr(kind, fresh(), (rng.choice(["t_", "unsqueeze_squeeze_", "transpose_"]), a)) \
+            if env[a].dim() == 2 else None
+    if kind == "scatter":
+        b = _pick(rng, env, lambda x: x.dim() == 2 and env[a].dim() == 2 and x.shape[0] == env[a].shape[0]
+                  and x.shape[1] >= env[a].shape[1])
+        return None if b is None else Instr(kind, None, (a, b))
+    if kind == "cumsum":
+        return Instr(kind, fresh(), (a,)) if env[a].dim() == 2 else None
+    if kind == "autocast":
+        b = _pick(rng, env, lambda x: x.dim() == 2 and env[a].dim() == 2 and x.shape[0] == env[a].shape[1])
+        return None if b is None else Instr(kind, fresh(), (a, b))
+    if kind == "function":
+        b = _pick(rng, env, lambda x: x.shape == env[a].shape)
+        return Instr(kind, fresh(), (a, b))
+    if kind == "checkpoint":
+        return Instr(kind, fresh(), (a,))
     if kind == "where":
         b = _pick(rng, env, lambda x: x.shape == env[a].shape)
         return Instr(kind, fresh(), (a, b))
@@ -315,7 +380,8 @@ def generate(seed: int, length: int = 60, attempts: int = 20) -> Program:
             try:
                 _exec(ins, trial)
                 loss = _loss(trial)
-                if ins.kind in ("inplace", "index_put", "out") and loss.requires_grad:  # it must not overwrite a saved tensor
+                writes = ("inplace", "index_put", "out", "scatter", "meta_inplace")
+                if ins.kind in writes and loss.requires_grad:  # it must not overwrite a saved tensor
                     torch.autograd.grad(loss, params, allow_unused=True, retain_graph=True)
             except (RuntimeError, IndexError):  # a write autograd forbids, a view that cannot be taken, ...
                 continue

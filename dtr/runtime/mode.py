@@ -469,6 +469,9 @@ class DTRMode(TorchDispatchMode):
         # except those worth keeping for now (Note [Keeping a dead constant]).
         pinned = core.pinned
         constants = [h for h in dead if pinned(storage_of(alive[h]))]
+        if constants and handles is not None:  # protecting recomputes: first learn of every drop
+            self.poll()
+            return
         for h in dead:
             if h not in constants:
                 self._release(h)
@@ -762,8 +765,11 @@ class DTRMode(TorchDispatchMode):
 
         # The core brings the inputs back, locks them and makes room; then the op runs.
         for _, t in const_writes:
-            self._release_dropped_targets(core.storage_of(t))  # see Note [Dropped buffers]
-            core.protect(core.storage_of(t))
+            s = core.storage_of(t)
+            self._release_dropped_targets(s)  # see Note [Dropped buffers]
+            if not all(map(core.resident, core.protect_targets(s))):
+                self.poll()  # protecting recomputes: it must not read a storage just dropped
+            core.protect(s)
         if plain_writes:
             inplace_of = [-1] * len(sizes) + [ins.index(t) for _, t in plain_writes]
             all_sizes = sizes + [core.storage_size(core.storage_of(t)) for _, t in plain_writes]
@@ -972,6 +978,8 @@ class DTRMode(TorchDispatchMode):
 
     def _run_unpredicted(self, func, args, kwargs, leaves, spec, ins, tpos):
         """An op whose output sizes could not be predicted: run, then account (may overshoot by its outputs)."""
+        if not all(map(self.core.defined, ins)):  # a recomputation must not read a storage just dropped
+            self.poll()
         op0 = self.core.begin_call(ins, [], [], [], 0.0)  # brings the inputs back
         if self.recorder is not None:
             self.recorder.call(func._schema.name.split("::")[-1], [self.handle[t] for t in ins], [], [], 0.0)
