@@ -469,8 +469,8 @@ class DTRMode(TorchDispatchMode):
         # except those worth keeping for now (Note [Keeping a dead constant]).
         pinned = core.pinned
         constants = [h for h in dead if pinned(storage_of(alive[h]))]
-        if constants and handles is not None:  # protecting recomputes: first learn of every drop
-            self.poll()
+        if handles is not None and not all(self._worth_keeping(storage_of(alive[h])) for h in constants):
+            self.poll()  # protecting may recompute: first learn of every drop
             return
         for h in dead:
             if h not in constants:
