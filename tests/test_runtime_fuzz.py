@@ -1,7 +1,7 @@
 """Seeded random programs under dtr.budget against eager PyTorch: bit-for-bit equal, or a clean budget error.
 
 Each program (tests/random_programs.py) mixes views, in-place writes through
-views, random ops, factories and dropped names; it runs eagerly, then under
+views, random ops, factories, dropped names and more; it runs eagerly, then under
 ``dtr.budget`` without a limit and at fractions of its own peak, with each
 heuristic (flop costs: reproducible decisions) and with measured op times.
 Every run must give the eager loss, gradients and final values bit for bit,
@@ -54,7 +54,8 @@ def assert_equal(got: Result, want: Result, what: str) -> None:
 
 
 def _constant_bytes(p) -> int:
-    return sum(4 * r * c for r, c in p.params + p.inputs) * 2  # leaves and their gradients
+    """Roughly what exists before the program: its leaves, and as much again for gradients (sets budgets)."""
+    return sum(4 * r * c for r, c in p.params + p.inputs) * 2
 
 
 @pytest.mark.parametrize("heuristic,cost_model", [("eqclass", "flops"), ("dtr", "flops"), ("lru", "flops"),
