@@ -1,54 +1,127 @@
-"""Tensor methods that hand a tensor's memory out of PyTorch's view.
+"""The ways a tensor's bytes leave PyTorch's dispatcher, wrapped while a budget is active.
 
 # Note [Escaped memory]
-# ``.numpy()``, ``__array__``, ``data_ptr()`` and DLPack export give the
-# program the raw buffer; dtr could not refill it behind a NumPy array's back,
-# so inside a budget these methods first bring the storage back and pin it
-# (it is never evicted again). ``.tolist()`` and friends copy the data out:
-# they only bring it back. None of them go through the dispatcher, so they
-# are wrapped while a budget is active and restored when it exits.
+# dtr sees an op only when it is dispatched. Some ways out read (or hand
+# out) a storage's raw bytes without any dispatched op: an evicted storage
+# holds 0 bytes, so without care ``torch.save`` wrote nothing for it,
+# ``copy.deepcopy`` returned zeros, and a NumPy array or a DLPack capsule
+# would alias memory dtr later frees. While a block is active each of them
+# first calls the mode's ``escape(tensor, pin)``:
+#
+# - pin (bring the storage back, and never evict it again): the bytes are
+#   read at a time dtr does not see, or stay shared with someone else:
+#   ``.numpy()``, ``__array__`` (``np.asarray``), ``data_ptr``,
+#   ``const_data_ptr``, DLPack (``__dlpack__``, ``torch.utils.dlpack.to_dlpack``
+#   and ``torch.to_dlpack``), ``__cuda_array_interface__``, ``share_memory_``,
+#   the storage objects (``untyped_storage()``, ``storage()``: whoever holds
+#   one can read or share its bytes at any time), and pickling
+#   (``__reduce_ex__``: ``pickle``, ``torch.save``, ``copy.copy`` and
+#   multiprocessing queues; ``torch.save`` reduces every tensor before it
+#   writes any storage's bytes, so bringing them back one at a time could
+#   evict an earlier one before its bytes are written).
+# - bring back only: the bytes are read at once, before any other op:
+#   ``.tolist()`` and ``copy.deepcopy`` (its copy is a dispatched op from then
+#   on, which dtr tracks like any other).
+#
+# ``__dlpack_c_exchange_api__`` (a capsule of C functions that convert a tensor
+# to DLPack without calling any Python method) is hidden while the block is
+# active, so consumers fall back to ``__dlpack__``. An escape inside another
+# (``__reduce_ex__`` calling ``untyped_storage()``) is the outer one's
+# business, and dtr's own calls (made while its mode is off the stack) do
+# not escape at all. What is not covered: a function bound before the block
+# that reads raw memory by itself (``from torch.utils.dlpack import
+# to_dlpack`` made before ``with``), and C++ extensions that read a tensor's
+# data pointer without dispatching an op: call ``.data_ptr()`` on such inputs
+# first, or keep them outside the block.
 """
 from __future__ import annotations
 
 import functools
-from typing import Callable, Dict, List
+import threading
+from typing import Callable, Dict, List, Tuple
 
 import torch
+import torch.utils.dlpack
 
-__all__ = ["patch_escapes"]
+__all__ = ["ESCAPING", "patch_escapes"]
 
-# method name -> whether the memory escapes (pin) or is only read (bring back)
+# Tensor method name -> whether the memory escapes (pin) or is only read once (bring back).
 ESCAPING: Dict[str, bool] = {
     "numpy": True,
     "__array__": True,
     "data_ptr": True,
+    "const_data_ptr": True,
     "__dlpack__": True,
+    "share_memory_": True,
+    "untyped_storage": True,
+    "storage": True,
+    "__reduce_ex__": True,
     "tolist": False,
+    "__deepcopy__": False,
 }
+# Properties of torch.Tensor whose getter hands the memory out (pinned).
+_ESCAPING_PROPERTIES = ("__cuda_array_interface__",)
+# Module-level functions that export a tensor's memory: (module, name); pinned.
+_ESCAPING_FUNCTIONS = ((torch.utils.dlpack, "to_dlpack"), (torch, "to_dlpack"))
+# Class attributes hidden during a block (see the Note).
+_HIDDEN = ("__dlpack_c_exchange_api__",)
+
+_depth = threading.local()  # escapes in progress on this thread
+
+
+def _guarded(original: Callable, escape: Callable[[torch.Tensor, bool], None], pin: bool) -> Callable:
+    """``original(tensor, ...)`` after ``escape(tensor, pin)``, unless inside another escape."""
+
+    def wrapper(self, *args, **kwargs):
+        if getattr(_depth, "n", 0):
+            return original(self, *args, **kwargs)
+        _depth.n = 1
+        try:
+            if isinstance(self, torch.Tensor):
+                escape(self, pin)
+            return original(self, *args, **kwargs)
+        finally:
+            _depth.n = 0
+
+    functools.update_wrapper(wrapper, original)
+    return wrapper
 
 
 def patch_escapes(escape: Callable[[torch.Tensor, bool], None]) -> Callable[[], None]:
-    """Wrap the escaping tensor methods to call ``escape(tensor, pin)`` first.
+    """Wrap the ways out of the dispatcher to call ``escape(tensor, pin)`` first (Note [Escaped memory]).
 
     Returns:
-        A function that restores the original methods.
+        A function that restores everything as it was.
     """
-    saved: List = []
+    saved: List[Tuple[object, str, object, bool]] = []  # (owner, name, original, was in owner's __dict__)
+
+    def replace(owner: object, name: str, new: object) -> None:
+        own = name in vars(owner) if isinstance(owner, type) else True
+        saved.append((owner, name, getattr(owner, name), own))
+        setattr(owner, name, new)
+
     for name, pin in ESCAPING.items():
         original = getattr(torch.Tensor, name, None)
-        if original is None:
-            continue
-
-        def wrapper(self, *args, __original=original, __pin=pin, **kwargs):
-            escape(self, __pin)
-            return __original(self, *args, **kwargs)
-
-        functools.update_wrapper(wrapper, original)
-        saved.append((name, original))
-        setattr(torch.Tensor, name, wrapper)
+        if original is not None:
+            replace(torch.Tensor, name, _guarded(original, escape, pin))
+    for name in _ESCAPING_PROPERTIES:
+        prop = torch.Tensor.__dict__.get(name)
+        if isinstance(prop, property) and prop.fget is not None:
+            replace(torch.Tensor, name, property(_guarded(prop.fget, escape, True), doc=prop.__doc__))
+    for module, name in _ESCAPING_FUNCTIONS:
+        original = getattr(module, name, None)
+        if original is not None:
+            replace(module, name, _guarded(original, escape, True))
+    for name in _HIDDEN:
+        if name in vars(torch.Tensor):
+            saved.append((torch.Tensor, name, vars(torch.Tensor)[name], True))
+            delattr(torch.Tensor, name)
 
     def restore() -> None:
-        for name, original in saved:
-            setattr(torch.Tensor, name, original)
+        for owner, name, original, own in reversed(saved):
+            if own:
+                setattr(owner, name, original)
+            else:  # inherited (from torch._C.TensorBase): drop the wrapper to uncover it
+                delattr(owner, name)
 
     return restore
