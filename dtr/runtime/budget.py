@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import gc
+import json
 import math
+import numbers
 import os
 import warnings
 from typing import Optional, Union
@@ -12,7 +14,7 @@ from torch.utils._python_dispatch import _disable_current_modes, _get_current_di
 
 from dtr.core import Core
 from dtr.errors import BudgetWarning, OutOfBudgetError, ThrashingError
-from dtr.heuristics import Heuristic, get_heuristic
+from dtr.heuristics import Heuristic, get_heuristic, heuristic_names
 from dtr.runtime.costs import get_cost_model
 from dtr.runtime.escapes import patch_escapes
 from dtr.runtime.mode import DTRMode
@@ -48,6 +50,45 @@ __all__ = ["budget", "Budget"]
 # Compiled code cached before the block is kept and used again after it.
 
 
+# Note [Nothing of a failed block stays alive]
+# A block left by an exception (OutOfBudgetError, ThrashingError or the
+# program's own) must not keep anything of the failed step alive beyond what
+# the program itself holds: a training loop that catches a budget error and
+# retries with a smaller batch would otherwise grow without bound (100 caught
+# errors grew RSS from 330 MiB to 2.1 GiB, and the leftovers, counted as
+# constants, made later blocks fail). Two things held it: reference cycles
+# between an exception and the frame that kept it (finish() kept the first
+# failure while it brought everything back), which only a full garbage
+# collection breaks (and the block had frozen the collector's older objects),
+# and the exception's traceback, which holds dtr's own frames and their
+# locals (the op's arguments, flattened leaves, recipes) for as long as the
+# program keeps the exception. So no dtr code keeps an exception in a local
+# that outlives its handler, and when a block ends by an exception the
+# locals of dtr's own finished frames in its traceback (and in those of its
+# context and cause) are cleared: the program's frames are left as they are.
+_OWN_CODE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the dtr package
+
+
+def _clear_own_frames(exc: BaseException) -> None:
+    """Clear the locals of dtr's finished frames in ``exc``'s tracebacks (and its context's and cause's)."""
+    seen, stack = set(), [exc]
+    while stack:
+        e = stack.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        tb = e.__traceback__
+        while tb is not None:
+            frame = tb.tb_frame
+            if frame.f_code.co_filename.startswith(_OWN_CODE):
+                try:
+                    frame.clear()
+                except RuntimeError:  # still running (the frame that handles it)
+                    pass
+            tb = tb.tb_next
+        stack += [e.__context__, e.__cause__]
+
+
 class Budget:
     """A memory budget for the code inside a ``with`` block (see :func:`budget`).
 
@@ -68,16 +109,31 @@ class Budget:
                  thrash_limit: Optional[float] = 10.0, sample: int = 0, seed: int = 0,
                  device: Optional[Union[str, torch.device]] = None, log_meta: Optional[dict] = None,
                  eqclass_split: bool = True):
-        self.budget_bytes = None if limit is None else parse_bytes(limit)
-        self.heuristic = get_heuristic(heuristic) if isinstance(heuristic, str) else heuristic
+        self.budget_bytes = _limit_bytes(limit)
+        if isinstance(heuristic, str):
+            self.heuristic = get_heuristic(heuristic)
+        elif isinstance(heuristic, Heuristic):
+            self.heuristic = heuristic
+        else:
+            raise TypeError(f"heuristic must be a name ({', '.join(heuristic_names())}) or a dtr.Heuristic, "
+                            f"not {heuristic!r}")
         self.cost_model = get_cost_model(cost_model)
-        if thrash_limit is not None and not thrash_limit > 1:
-            raise ValueError(f"thrash_limit must be > 1 or None (got {thrash_limit})")
-        self.thrash_limit = thrash_limit
+        if thrash_limit is not None and (isinstance(thrash_limit, bool) or not isinstance(thrash_limit, numbers.Real)
+                                         or not thrash_limit > 1):
+            raise ValueError(f"thrash_limit must be a number > 1 (recomputation allowed, as a multiple of the "
+                             f"block's own compute) or None for no limit, not {thrash_limit!r}")
+        self.thrash_limit = None if thrash_limit is None or math.isinf(thrash_limit) else float(thrash_limit)
+        for name, value, top in (("sample", sample, 31), ("seed", seed, 64)):  # (the core's int and uint64_t)
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not 0 <= value < 2 ** top:
+                raise ValueError(f"{name} must be an integer from 0 to 2**{top} - 1, not {value!r}")
         self.log_path = log
         self.log_meta = dict(log_meta or {})
-        self._options = dict(sample=sample, seed=seed, eqclass_split=bool(eqclass_split))
-        self._device = torch.device(device) if device is not None else None
+        try:  # before any file is written: a log whose meta line cannot be written is refused whole
+            json.dumps(self.log_meta)
+        except (TypeError, ValueError) as e:
+            raise TypeError(f"log_meta must hold JSON values only (it becomes the log's meta line): {e}") from None
+        self._options = dict(sample=int(sample), seed=int(seed), eqclass_split=bool(eqclass_split))
+        self._device = _checked_device(device)
         self._core: Optional[Core] = None
         self._mode: Optional[DTRMode] = None
         self._final: Optional[dict] = None
@@ -141,6 +197,8 @@ class Budget:
 
     def __exit__(self, exc_type, exc, tb) -> None:
         mode = self._mode
+        if exc is not None:
+            _clear_own_frames(exc)  # see Note [Nothing of a failed block stays alive]
         try:
             self._restore_escapes()
             mode.__exit__(exc_type, exc, tb)
@@ -175,6 +233,39 @@ class Budget:
         return None
 
 
+def _limit_bytes(limit: Union[None, int, float, str]) -> Optional[int]:
+    """The budget in bytes, or None for no limit: an infinite one or one past 2**63 - 1 bytes is none.
+
+    Raises:
+        BudgetError: ``limit`` is not a size.
+    """
+    if limit is None or (isinstance(limit, float) and limit == math.inf):
+        return None
+    try:
+        n = parse_bytes(limit)
+    except OverflowError:  # ("1e400 GiB": infinite)
+        return None
+    return None if n >= 2 ** 63 else n
+
+
+def _checked_device(device: Union[None, str, torch.device]) -> Optional[torch.device]:
+    """``device`` as a torch.device, checked to exist in this torch (without initializing it)."""
+    if device is None:
+        return None
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as e:
+        raise ValueError(f"device {device!r} is not a device: {e}") from None
+    if dev.type not in ("cpu", "meta"):
+        module = getattr(torch, dev.type, None)
+        available = getattr(module, "is_available", None)
+        if available is not None and not available():
+            raise ValueError(f"device {device!r} is not available in this process (torch {torch.__version__} "
+                             f"sees no {dev.type} device); use device='cpu', or leave device=None to budget the "
+                             f"device of the first tensor the block touches")
+    return dev
+
+
 def budget(limit: Union[None, int, str], *, heuristic: Union[str, Heuristic] = "eqclass",
            log: Optional[Union[str, os.PathLike]] = None, cost_model: str = "time",
            thrash_limit: Optional[float] = 10.0, sample: int = 0, seed: int = 0,
@@ -200,7 +291,8 @@ def budget(limit: Union[None, int, str], *, heuristic: Union[str, Heuristic] = "
 
     Args:
         limit: bytes, a string such as ``"6GiB"`` or ``"500MB"`` (KiB/MiB/GiB
-            1024-based, KB/MB/GB 1000-based), or None (no limit: track and record).
+            1024-based, KB/MB/GB 1000-based), or None (no limit: track and
+            record). ``float("inf")`` and sizes of 2**63 bytes or more are no limit too.
         heuristic: a registered heuristic name (``eqclass``, ``dtr``, ``local``,
             ``lru``, ``largest``, ``random``, ``eqclass-split``) or a :class:`dtr.Heuristic`.
         log: write the block's ops as a v1 log to this path (``.gz`` compresses).
@@ -229,6 +321,9 @@ def budget(limit: Union[None, int, str], *, heuristic: Union[str, Heuristic] = "
             names the budget and the memory needed.
         dtr.ThrashingError: (inside the block) recomputation passed the limit.
         dtr.errors.BudgetError: ``limit`` is not a size.
+        TypeError, ValueError: another argument is invalid (an unknown
+            heuristic or cost model names the valid ones; a device this torch
+            cannot use; ``log_meta`` that is not JSON); nothing is written.
         RuntimeError: (on entering) the block is inside another ``dtr.budget``
             block: blocks do not nest.
     """

@@ -85,17 +85,18 @@
 from __future__ import annotations
 
 import logging
+import sys
 from itertools import chain
 from typing import Any, Dict, Iterable, List, NamedTuple, Optional, Tuple
 
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
-from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes, _get_current_dispatch_mode_stack
 
 from dtr.core import Core
 from dtr.errors import OutOfBudgetError, ThrashingError
 from dtr.runtime.costs import CostModel
-from dtr.runtime.effects import overwrites_self, written_args
+from dtr.runtime.effects import overwrites_self, schema_writes, written_args
 from dtr.runtime.recorder import LogRecorder
 from dtr.runtime.timing import ProvisionalCosts, make_timer
 
@@ -105,6 +106,9 @@ log = logging.getLogger("dtr.runtime")
 _use_count = torch._C._storage_Use_Count
 _expired = torch.UntypedStorage._expired  # StorageWeakRef.expired() without its two Python frames
 _free_weak_ref = torch.UntypedStorage._free_weak_ref
+_refcount = sys.getrefcount
+# Tensor.untyped_storage unwrapped: a block wraps the public method (Note [Escaped memory] in escapes.py).
+_storage = torch._C.TensorBase.untyped_storage
 _POLL_EVERY = 16
 _RECENT_OPS = 4     # see Note [Liveness]
 _MAX_VERSIONS = 8   # see Note [Version chains]
@@ -233,7 +237,10 @@ class _Buf:
 
     def dead(self) -> bool:
         if self.strong is not None:
-            return self.dropped or (self.shared and _use_count(self.strong._cdata) <= 1)
+            # Dead once no tensor but dtr's and no Python reference but this one hold it: the program may
+            # hold the storage object itself (a storage's clone, a torch.load), which counts no tensor.
+            return self.dropped or (self.shared and _use_count(self.strong._cdata) <= 1
+                                    and _refcount(self.strong) <= 2)
         return _expired(self.weak)
 
 
@@ -255,7 +262,7 @@ class Recipe(NamedTuple):
     spec: Any
     outputs: Tuple[Tuple[int, Slot], ...]     # (flat output position, slot) of outputs that own a storage
     writes: Tuple[Tuple[int, int, int], ...]  # (leaf position, old version, new version or -1 for a constant)
-    rng: Optional[Tuple[Optional[torch.device], torch.Tensor]]
+    rng: Optional[Tuple[Tuple[torch.Generator, torch.Tensor], ...]]  # (generator, state before the op)
 
 
 # Note [Recipes and the cyclic GC]
@@ -370,6 +377,7 @@ class DTRMode(TorchDispatchMode):
         self.remat_seconds = 0.0
         self.ops_seen = 0
         self.versions: Dict[int, int] = {}          # core tensor -> in-place versions behind it
+        self._opaque_readers: Dict[int, List[int]] = {}  # id of a non-strided tensor -> core tensors read from it
         self._ops_at_gc = 0
         self._live_after_gc = 0
         self._collected_after_compact = 0   # collected storages the core kept at the last compaction
@@ -416,7 +424,7 @@ class DTRMode(TorchDispatchMode):
 
     def _track(self, x: torch.Tensor) -> int:
         """The core tensor (current version) of x's storage; a constant on first sight."""
-        st = x.untyped_storage()
+        st = _storage(x)
         key = st._cdata
         t = self.version.get(key)
         if t is not None and self.phys[self.core.storage_of(t)].dead():
@@ -590,8 +598,12 @@ class DTRMode(TorchDispatchMode):
         """The storage of version t, with its bytes allocated (dtr's own buffer if the program dropped it)."""
         s = self.core.storage_of(t)
         n = self.core.storage_size(s)
-        st = self.phys[s].get()
-        if st is None:  # the program dropped it (see Note [Dropped buffers])
+        buf = self.phys.get(s)
+        st = buf.get() if buf is not None else None
+        # None: the program dropped it (see Note [Dropped buffers]), or the version is a banished one
+        # (collected: its buffer went with it) that an op recomputed for its other outputs writes anyway;
+        # the core frees it again as soon as the op ran.
+        if st is None:
             st = torch.UntypedStorage(n, device=self.device)
             self.phys[s] = _Buf(st, owned=True, dropped=True)
         elif st.nbytes() != n:
@@ -607,7 +619,7 @@ class DTRMode(TorchDispatchMode):
                 leaves[pos] = leaves[pos].clone()
             elif self.core.handed(self.core.storage_of(old)):  # the old bytes become the new version's
                 leaves[pos] = self._hand_over(old, new, r.leaves[pos], self._overwrites_all(r, pos, new))
-                moved.append(leaves[pos].untyped_storage())
+                moved.append(_storage(leaves[pos]))
             else:        # the new version starts as a copy of the old one (unless the op overwrites it all)
                 st = self._refill(new)
                 if not self._overwrites_all(r, pos, new):
@@ -615,7 +627,7 @@ class DTRMode(TorchDispatchMode):
                 leaves[pos] = self._view(r.leaves[pos]._replace(tensor=new))
         args, kwargs = tree_unflatten(leaves, r.spec)
         if r.rng is not None:  # replay the random op with the generator state it first saw
-            saved = _rng_state(r.rng[0] or torch.device("cpu"))
+            saved = _rng_state(r.rng)
             _set_rng_state(r.rng)
         try:
             out = r.func(*args, **kwargs)
@@ -636,9 +648,9 @@ class DTRMode(TorchDispatchMode):
             if not core.resident(s) and not core.banished(s):
                 back.append((slot, flat[pos]))
         # Adopt only fresh buffers, each once: never an input's (an op that aliased one this time).
-        srcs = {o.untyped_storage()._cdata for _, o in back}
+        srcs = {_storage(o)._cdata for _, o in back}
         adopt = _SWAP and len(srcs) == len(back) and not any(
-            isinstance(x, torch.Tensor) and x.untyped_storage()._cdata in srcs for x in leaves)
+            isinstance(x, torch.Tensor) and x.layout == torch.strided and _storage(x)._cdata in srcs for x in leaves)
         for slot, o in back:
             if not (adopt and self._adopt(slot, o)):
                 self._refill(slot.tensor)
@@ -684,7 +696,7 @@ class DTRMode(TorchDispatchMode):
 
         See Note [Adopting recomputed bytes]. O(1): no copy, no allocation.
         """
-        src = o.untyped_storage()
+        src = _storage(o)
         s = self.core.storage_of(slot.tensor)
         if src.nbytes() != self.core.storage_size(s) or o.storage_offset() != slot.offset or tuple(o.shape) != slot.size \
                 or tuple(o.stride()) != slot.stride or o.dtype != slot.dtype:
@@ -709,13 +721,13 @@ class DTRMode(TorchDispatchMode):
             margs, mkwargs = tree_unflatten(meta, spec)
             mout = tree_flatten(func(*margs, **mkwargs))[0]
             metas = {id(x) for x in meta if isinstance(x, torch.Tensor)}
-            in_storages = {x.untyped_storage()._cdata for x in meta if isinstance(x, torch.Tensor)}
+            in_storages = {_storage(x)._cdata for x in meta if isinstance(x, torch.Tensor)}
             owning, sizes = [], []
             for i, o in enumerate(mout):
                 if isinstance(o, torch.Tensor) and id(o) not in metas and \
-                        o.untyped_storage()._cdata not in in_storages:
+                        _storage(o)._cdata not in in_storages:
                     owning.append(i)
-                    sizes.append(o.untyped_storage().nbytes())
+                    sizes.append(_storage(o).nbytes())
             pred = _Prediction(sizes, owning, [o for o in mout if isinstance(o, torch.Tensor)])
         except Exception:  # data-dependent or without a meta kernel: sizes known only after running
             pred = _Prediction(None, None, [])
@@ -733,8 +745,12 @@ class DTRMode(TorchDispatchMode):
         else:  # _trackable, inlined for the hot path (once the device is known)
             tpos = [i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor) and x.layout == torch.strided
                     and not x.is_meta and x.device.type == device_type]
+        if self._opaque_readers:  # see Note [Other layouts]
+            self._before_opaque_writes(func, args, kwargs)
         if not tpos:
             return self._run_untracked_inputs(func, args, kwargs, leaves, spec)
+        if func in _REBINDS:
+            return self._rebind(func, args, kwargs)
         self.ops_seen += 1
         core = self.core
         if self.timer.pending:  # costs measured on the device since the last op
@@ -744,10 +760,11 @@ class DTRMode(TorchDispatchMode):
         # Written tensors: their leaf positions, split into versions and constants.
         plain_writes, const_writes = [], []
         for pos in self._written_leaves(func, args, kwargs, leaves):
-            t = self.version[leaves[pos].untyped_storage()._cdata]
+            t = self.version[_storage(leaves[pos])._cdata]
             (const_writes if core.pinned(core.storage_of(t)) else plain_writes).append((pos, t))
 
-        layouts = tuple([(tuple(x.shape), tuple(x.stride()), x.dtype) if isinstance(x, torch.Tensor)
+        layouts = tuple([((tuple(x.shape), tuple(x.stride()), x.dtype) if x.layout == torch.strided
+                          else (x.layout, x.dtype)) if isinstance(x, torch.Tensor)  # (Note [Other layouts])
                          else _hashable(x) for x in leaves])
         key = (func, layouts)
         pred = self._predict(func, leaves, spec, key)
@@ -761,15 +778,23 @@ class DTRMode(TorchDispatchMode):
             self.poll()
         elif self._recent_ops:
             self.poll(chain.from_iterable(self._recent_ops))
-        rng = _rng_state(leaves[tpos[0]].device) if _SEEDED in func.tags else None
+        rng = _rng_capture(func, leaves, leaves[tpos[0]].device) if _SEEDED in func.tags else None
 
         # The core brings the inputs back, locks them and makes room; then the op runs.
-        for _, t in const_writes:
-            s = core.storage_of(t)
-            self._release_dropped_targets(s)  # see Note [Dropped buffers]
-            if not all(map(core.resident, core.protect_targets(s))):
-                self.poll()  # protecting recomputes: it must not read a storage just dropped
-            core.protect(s)
+        protected = 0
+        while protected < len(const_writes):
+            for _, t in const_writes[protected:]:
+                s = core.storage_of(t)
+                self._release_dropped_targets(s)  # see Note [Dropped buffers]
+                if not all(map(core.resident, core.protect_targets(s))):
+                    self.poll()  # protecting recomputes: it must not read a storage just dropped
+                core.protect(s)
+            protected = len(const_writes)
+            # See Note [Writes that protecting pins]: a version this op writes may be pinned by now.
+            newly = [w for w in plain_writes if core.pinned(core.storage_of(w[1]))]
+            if newly:
+                plain_writes = [w for w in plain_writes if w not in newly]
+                const_writes += newly
         if plain_writes:
             inplace_of = [-1] * len(sizes) + [ins.index(t) for _, t in plain_writes]
             all_sizes = sizes + [core.storage_size(core.storage_of(t)) for _, t in plain_writes]
@@ -794,6 +819,40 @@ class DTRMode(TorchDispatchMode):
                      None if plain_writes or const_writes else layouts)
         return out
 
+    # Note [Rebinding a tensor's storage]
+    # aten::set_ makes its ``self`` view another storage (or a new empty one):
+    # it writes no bytes, although its schema marks ``self`` as written. Taken
+    # as a write, it made a new version of self's old storage whose buffer was
+    # the source's storage, so the source's bytes were later freed as that
+    # version's (a storage's clone, ``copy.deepcopy`` and ``torch.load`` run
+    # set_ on fresh tensors: they came back empty, even without a budget). It
+    # is a view instead: the source is brought back, as for any read, and the
+    # tensor then shares its storage, which dtr already tracks by storage (or
+    # meets as a constant if it came from outside the dispatcher). Nothing is
+    # recomputable about it, so it has no recipe and no log record.
+    def _rebind(self, func, args, kwargs):
+        """Run aten::set_ (see Note [Rebinding a tensor's storage]); the source comes back first."""
+        src = args[1] if len(args) > 1 else kwargs.get("source")
+        st = _storage(src) if isinstance(src, torch.Tensor) else src
+        t = self.version.get(st._cdata) if isinstance(st, torch.UntypedStorage) else None
+        if t is not None and not self.phys[self.core.storage_of(t)].dead():
+            if not self.core.defined(t):
+                self.poll()  # (a recomputation must not read a storage just dropped)
+            if self.version.get(st._cdata) == t:
+                self.core.require(t)
+        return func(*args, **kwargs)
+
+    # Note [Writes that protecting pins]
+    # An op that writes a constant and other tensors at once (a fused
+    # optimizer step: _fused_adamw_ writes the parameters, and its schema says
+    # it writes the gradients and the moments too) first protects the
+    # constant, which pins what the program holds that was computed from it:
+    # the gradients are. Left among the op's plain writes, such a pinned
+    # gradient got a new version as if it were an activation, whose
+    # recomputation reran the whole fused step on the updated parameters (on
+    # a 12-parameter MLP the second moments came back wrong). A write to a
+    # storage that protecting pinned is therefore a write to a constant too,
+    # protected in turn (which may pin more, until nothing changes).
     def _execute(self, func, args, kwargs, cost: float, key: Any):
         """Run the op for real; returns (result, flattened result, cost, pending measurement or None).
 
@@ -841,7 +900,7 @@ class DTRMode(TorchDispatchMode):
         out_slots = []
         for k, pos in enumerate(owning):
             o, t = flat_out[pos], new_tensors[k]
-            st = o.untyped_storage()
+            st = _storage(o)
             cdata = st._cdata
             if st.nbytes() != sizes[k]:
                 log.warning("dtr: %s allocated %d bytes where %d were predicted", func, st.nbytes(), sizes[k])
@@ -854,7 +913,7 @@ class DTRMode(TorchDispatchMode):
         writes = []
         for k, (pos, old) in enumerate(plain_writes):
             new = outs[len(sizes) + k]
-            st = leaves[pos].untyped_storage()
+            st = _storage(leaves[pos])
             # The old version loses its buffer to the new one (see Note [Versions]).
             self.phys[core.storage_of(old)] = _Buf(torch.UntypedStorage(0, device=st.device), owned=True)
             self.phys[core.storage_of(new)] = _Buf(st, owned=False)
@@ -872,6 +931,11 @@ class DTRMode(TorchDispatchMode):
                                mutated=[self.handle[old] for _, old in plain_writes] +
                                [self.handle[t] for _, t in const_writes])
         core.end_call(op, cost)
+        if any(isinstance(x, torch.Tensor) and x.layout != torch.strided for x in leaves):
+            for x in leaves:  # see Note [Other layouts]
+                if isinstance(x, torch.Tensor) and x.layout != torch.strided:
+                    for k in _opaque_keys(x):
+                        self._opaque_readers.setdefault(k, []).extend(new_tensors)
         if pending is not None:
             self.timer.defer(pending[0], (op, pending[1], func))
         handle, recent = self.handle, self._recent_ops
@@ -904,6 +968,50 @@ class DTRMode(TorchDispatchMode):
             if base > 0 and rc > (limit - 1) * base:
                 raise ThrashingError(rc, (limit - 1) * base, f"while running {func}")
 
+    # Note [Other layouts]
+    # dtr evicts and recomputes strided storages only. A tensor of another
+    # layout (sparse COO/CSR/CSC/BSR/BSC, nested, mkldnn) has no strides and
+    # no single storage: dtr leaves it alone, as a value it neither tracks,
+    # counts nor evicts, held as it is by the recipes that read it (the
+    # recipes' outputs are tracked and evictable as usual). A recipe reads it
+    # when it is recomputed, so an in-place write to it (S.mul_(2), a sparse
+    # gradient accumulated) would change what the recipe recomputes: before
+    # any op writes such a tensor, the outputs of the ops that read it (kept
+    # in _opaque_readers) are treated as a constant about to be written: the
+    # program's references to them are pinned, and so is everything the
+    # program holds that was computed from them (Core.protect), brought back
+    # first while the old value is still there. A view of such a tensor's
+    # memory (S.values()) is never taken for a new storage (_view_positions).
+    # Ops with such arguments have no meta prediction (their sizes are
+    # accounted for after they ran). With a log, a protection is not recorded
+    # (a replay may then keep less than the runtime did).
+    def _before_opaque_writes(self, func, args, kwargs) -> None:
+        """Pin what was computed from the non-strided tensors ``func`` is about to write (Note [Other layouts])."""
+        names = None
+        for p in written_args(func, args, kwargs):
+            if p < len(args):
+                x = args[p]
+            else:
+                names = names or [a.name for a in func._schema.arguments]
+                x = kwargs.get(names[p])
+            for y in (x if isinstance(x, (list, tuple)) else (x,)):
+                if not isinstance(y, torch.Tensor):
+                    continue
+                for k in (_opaque_keys(y) if y.layout != torch.strided else (_storage(y)._cdata,)):
+                    if k not in self._opaque_readers:
+                        continue
+                    self.poll()  # (pinning may recompute: it must not read a storage just dropped)
+                    core = self.core
+                    for t in self._opaque_readers.pop(k):
+                        s = core.storage_of(t)
+                        if core.collected(s):
+                            continue
+                        if core.refs(t) > 0:  # the program holds it: keep its value as it is now
+                            if self.recorder is not None:
+                                self.recorder.pin(self.handle[t])
+                            core.pin(t)
+                        core.protect(s)  # and what the program holds that was computed from it
+
     def _run_untracked_inputs(self, func, args, kwargs, leaves, spec):
         """An op without tracked inputs: a factory (zeros, randn) is tracked by its outputs.
 
@@ -911,8 +1019,9 @@ class DTRMode(TorchDispatchMode):
         Note [Factories]); any other op is accounted for after it ran.
         """
         rng = None
-        if _SEEDED in func.tags and self.device_type is not None:
-            rng = _rng_state(torch.device(self.device_type))
+        if _SEEDED in func.tags:  # (a factory: the generator of the device it allocates on)
+            device = kwargs.get("device")
+            rng = _rng_capture(func, leaves, torch.device(device) if device is not None else torch.device("cpu"))
         reserved = self._reserve_factory(func, args, kwargs, leaves)
         if reserved is not None:
             op, sizes, predicted, metas = reserved
@@ -923,7 +1032,7 @@ class DTRMode(TorchDispatchMode):
                 raise
             flat_out = tree_flatten(out)[0]
             owning = [i for i, o in enumerate(flat_out) if self._trackable(o)]
-            if owning == predicted and [flat_out[i].untyped_storage().nbytes() for i in owning] == sizes:
+            if owning == predicted and [_storage(flat_out[i]).nbytes() for i in owning] == sizes:
                 self.ops_seen += 1
                 cost = 1.0 if self.cost_model.measured else self.cost_model.estimate(func, (), {}, metas)
                 self._commit(op, func, leaves, spec, [], [], sizes, owning, flat_out, [], [], rng, cost)
@@ -932,7 +1041,8 @@ class DTRMode(TorchDispatchMode):
         else:
             out = func(*args, **kwargs)
             flat_out = tree_flatten(out)[0]
-            owning = [i for i, o in enumerate(flat_out) if self._trackable(o)]
+            views = _view_positions(func, out)  # (S.values() of a sparse S: its memory, not a new storage)
+            owning = [i for i, o in enumerate(flat_out) if self._trackable(o) and i not in views]
         if not owning:
             return out
         return self._account_after(func, out, flat_out, owning, leaves, spec, [], [], rng)
@@ -961,7 +1071,7 @@ class DTRMode(TorchDispatchMode):
                 mout = tree_flatten(func(*args, **dict(kwargs, device=torch.device("meta"))))[0]
                 owning = [i for i, o in enumerate(mout) if isinstance(o, torch.Tensor) and o.is_meta
                           and o.layout == torch.strided]
-                pred = _Prediction([mout[i].untyped_storage().nbytes() for i in owning], owning,
+                pred = _Prediction([_storage(mout[i]).nbytes() for i in owning], owning,
                                    [mout[i] for i in owning])
             except Exception:  # no meta kernel, or an argument the meta device refuses (pin_memory)
                 pred = _Prediction(None, None, [])
@@ -984,17 +1094,18 @@ class DTRMode(TorchDispatchMode):
         if self.recorder is not None:
             self.recorder.call(func._schema.name.split("::")[-1], [self.handle[t] for t in ins], [], [], 0.0)
         self.core.end_call(op0, 0.0)
-        rng = _rng_state(leaves[tpos[0]].device) if _SEEDED in func.tags else None
+        rng = _rng_capture(func, leaves, leaves[tpos[0]].device) if _SEEDED in func.tags else None
         out = func(*args, **kwargs)
         flat_out = tree_flatten(out)[0]
-        known = {leaves[i].untyped_storage()._cdata for i in tpos}
+        known = {_storage(leaves[i])._cdata for i in tpos}
+        views = _view_positions(func, out)
         owning = [i for i, o in enumerate(flat_out) if self._trackable(o)
-                  and o.untyped_storage()._cdata not in known]
+                  and _storage(o)._cdata not in known and i not in views]
         return self._account_after(func, out, flat_out, owning, leaves, spec, ins, tpos, rng)
 
     def _account_after(self, func, out, flat_out, owning, leaves, spec, ins, tpos, rng):
         self.ops_seen += 1
-        sizes = [flat_out[i].untyped_storage().nbytes() for i in owning]
+        sizes = [_storage(flat_out[i]).nbytes() for i in owning]
         op = self.core.begin_call(ins, sizes, [-1] * len(sizes), [], 0.0)
         outs = [o for o in flat_out if isinstance(o, torch.Tensor)]
         cost = 1.0 if self.cost_model.measured else self.cost_model.estimate(func, (), {}, outs)
@@ -1034,17 +1145,21 @@ class DTRMode(TorchDispatchMode):
             for i in range(starts[p], starts[p] + _count_leaves(v)):
                 x = leaves[i]
                 if self._trackable(x):
-                    cdata = x.untyped_storage()._cdata
+                    cdata = _storage(x)._cdata
                     if cdata not in storages:
                         storages.add(cdata)
                         out.append(i)
         return out
 
     def escape(self, x: torch.Tensor, pin: bool = True) -> None:
-        """x's memory is about to leave PyTorch's view: bring it back and (with pin) never evict it."""
-        if not self._trackable(x):
+        """x's memory is about to leave PyTorch's view: bring it back and (with pin) never evict it.
+
+        Called by the wrappers of escapes.py (Note [Escaped memory]); only the
+        program's own calls count, not dtr's (made with this mode off the stack).
+        """
+        if not self._trackable(x) or self not in _get_current_dispatch_mode_stack():
             return
-        key = x.untyped_storage()._cdata
+        key = _storage(x)._cdata
         t = self.version.get(key)
         if t is None or self.phys[self.core.storage_of(t)].dead():
             return  # not dtr's: nothing to bring back
@@ -1111,6 +1226,7 @@ class DTRMode(TorchDispatchMode):
         self.versions = {tensors[t]: n for t, n in self.versions.items() if tensors[t] >= 0}
         self.version = {k: tensors[t] for k, t in self.version.items() if tensors[t] >= 0}
         self.alive = {h: tensors[t] for h, t in self.alive.items()}  # referenced: always kept
+        self._opaque_readers = {k: [tensors[t] for t in ts if tensors[t] >= 0] for k, ts in self._opaque_readers.items()}
         self._collected_after_compact = self.core.num_collected_storages
         self._collected_ops = 0
 
@@ -1148,23 +1264,68 @@ class DTRMode(TorchDispatchMode):
                 if kind in lifted:  # cannot happen with the limit gone; never loop on it
                     raise
                 lifted.add(kind)
-                failure = failure or e
+                # (the figures, not the exception: its traceback holds this frame, a cycle that kept the
+                # failed block's tensors alive until the next garbage collection; see budget.py's
+                # Note [Nothing of a failed block stays alive])
+                failure = failure or ((kind, e.needed) if kind is OutOfBudgetError else (kind, e.remat_compute,
+                                                                                         e.limit))
                 if kind is ThrashingError:
                     core.set_remat_limit(float("inf"))
                 else:
                     core.set_budget(None)
         if self.timer is not None:
             self.timer.flush()  # the device's last measurements (one wait, at the end of the block)
-        if isinstance(failure, OutOfBudgetError):
-            raise OutOfBudgetError(budget, max(failure.needed, core.memory),
+        if failure is not None and failure[0] is OutOfBudgetError:
+            raise OutOfBudgetError(budget, max(failure[1], core.memory),
                                    "the tensors the program holds at the end of the block; they were all "
                                    "brought back beyond the budget and can be used") from None
         if failure is not None:
-            raise ThrashingError(failure.remat_compute, failure.limit,
+            raise ThrashingError(failure[1], failure[2],
                                  "while bringing back the tensors the program holds at the end of the block; "
                                  "they were all brought back regardless and can be used") from None
 
 
+def _opaque_keys(x: torch.Tensor) -> List[Any]:
+    """Keys of a non-strided tensor's memory: the object, and the storages of its strided parts (Note [Other layouts]).
+
+    A write through a part (``S.values().mul_(2)``) changes the tensor as much as a write to it.
+    """
+    layout, parts = x.layout, ()
+    try:
+        if layout == torch.sparse_coo:
+            parts = (x._indices(), x._values())
+        elif layout in (torch.sparse_csr, torch.sparse_bsr):
+            parts = (x.crow_indices(), x.col_indices(), x.values())
+        elif layout in (torch.sparse_csc, torch.sparse_bsc):
+            parts = (x.ccol_indices(), x.row_indices(), x.values())
+        elif x.is_nested:
+            parts = (x.values(),)
+    except (RuntimeError, NotImplementedError):
+        parts = ()
+    return [("object", id(x))] + [_storage(p)._cdata for p in parts if p.layout == torch.strided]
+
+
+def _view_positions(func: Any, out: Any) -> Tuple[int, ...]:
+    """Positions among the flattened outputs of those the schema declares views of an input.
+
+    A view of an input dtr does not track (the values of a sparse tensor, a
+    storage from outside the dispatcher) must not be taken for a new storage
+    the op allocated: dtr would evict memory that belongs to that input.
+    """
+    views = schema_writes(func)[1]
+    if not views:
+        return ()
+    outs = out if len(func._schema.returns) > 1 else (out,)
+    got, n = [], 0
+    for k, o in enumerate(outs):
+        m = _count_leaves(o)
+        if k in views:
+            got.extend(range(n, n + m))
+        n += m
+    return tuple(got)
+
+
+_REBINDS = frozenset(getattr(torch.ops.aten.set_, o) for o in torch.ops.aten.set_.overloads())
 _DEVICE_ARGUMENT: Dict[Any, bool] = {}
 
 
@@ -1184,16 +1345,44 @@ def _hashable(x: Any) -> Any:
         return repr(x)
 
 
-def _rng_state(device: torch.device) -> Tuple[Optional[torch.device], torch.Tensor]:
-    """The default generator's state for ``device`` (captured before a random op)."""
-    if device.type == "cuda":
-        return device, torch.cuda.get_rng_state(device)
-    return None, torch.get_rng_state()
+# Note [Random ops]
+# A recomputed random op must draw exactly what it drew the first time. An op
+# tagged nondeterministic_seeded draws from the torch.Generator passed to it
+# (generator=) or, without one, from the default generator of the device it
+# runs on (for a factory, the device it allocates on; CUDA's state is its
+# philox seed and offset). Just before the op first runs, the state of each
+# generator it may draw from is saved in its recipe; a recomputation sets
+# those states, runs the op, and puts back the states the program's
+# generators had, so neither the recomputed value nor the program's later
+# draws depend on when (or whether) dtr recomputed. Saving the state right
+# before each op makes torch.manual_seed, fork_rng and set_state between ops
+# (they are not dispatched) harmless, and a block's first op is no exception.
+# Every ATen op that takes a Generator carries the tag (checked by a test).
+
+def _default_generator(device: torch.device) -> torch.Generator:
+    """The default generator of ``device`` (CPU's, or the accelerator's of that index)."""
+    if device.type == "cpu":
+        return torch.default_generator
+    module = getattr(torch, device.type)
+    if hasattr(module, "_lazy_init"):
+        module._lazy_init()
+    index = device.index if device.index is not None else module.current_device()
+    return module.default_generators[index]
 
 
-def _set_rng_state(state: Tuple[Optional[torch.device], torch.Tensor]) -> None:
-    device, value = state
-    if device is not None:
-        torch.cuda.set_rng_state(value, device)
-    else:
-        torch.set_rng_state(value)
+def _rng_capture(func: Any, leaves: List[Any], device: torch.device) -> Tuple[Tuple[torch.Generator, torch.Tensor], ...]:
+    """(generator, state) of each generator random op ``func`` may draw from, before it runs (Note [Random ops])."""
+    gens = [x for x in leaves if isinstance(x, torch.Generator)]
+    if not gens:
+        gens = [_default_generator(device)]
+    return tuple([(g, g.get_state()) for g in gens])
+
+
+def _rng_state(states: Tuple[Tuple[torch.Generator, torch.Tensor], ...]) -> Tuple[Tuple[torch.Generator, torch.Tensor], ...]:
+    """The current states of the generators in ``states``."""
+    return tuple([(g, g.get_state()) for g, _ in states])
+
+
+def _set_rng_state(states: Tuple[Tuple[torch.Generator, torch.Tensor], ...]) -> None:
+    for g, state in states:
+        g.set_state(state)
