@@ -386,5 +386,9 @@ def read_rows(path: PathLike) -> List[SweepRow]:
                     values[k] = text
             except ValueError:
                 raise DtrError(f"{path}:{lineno}: column {k}: {text!r} is not a number") from None
+            if isinstance(values[k], float) and math.isnan(values[k]):
+                raise DtrError(f"{path}:{lineno}: column {k}: {text!r} is not a number")
+            if k == "budget_ratio" and not (0 < values[k] < math.inf):
+                raise DtrError(f"{path}:{lineno}: column budget_ratio: {text!r} is not a ratio > 0")
         rows.append(SweepRow(**values))
     return rows
