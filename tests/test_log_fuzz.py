@@ -349,7 +349,7 @@ def test_costs_summing_to_infinity_name_the_line(capsys, tmp_path):
 
 @pytest.mark.parametrize("line,what", [
     ('{"op": "meta", "version": 1, "keep_needed": "no"}', "keep_needed"),
-    ('{"op": "constant", "id": "a\\u0000\\nb", "size": 1}\n{"op": "release", "id": "a"}', "unknown id"),
+    ('{"op": "constant", "id": "a", "size": 1}\n{"op": "release", "id": "a\\tb\\nc\\u0000"}', "unknown id"),
     ('{"op": "constant", "id": "\\ud800", "size": 1}', "surrogate"),
     ('{"op": "constant", "id": "a", "size": 007}', "invalid number"),
     ('{"op": "constant", "id": "a", "size": 1.5}', "whole number"),
