@@ -4,6 +4,8 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <cstring>
+
 #include "core.h"
 #include "program.h"
 #include "replay.h"
@@ -67,7 +69,12 @@ PYBIND11_MODULE(_C, m) {
     try {
       if (p) std::rethrow_exception(p);
     } catch (const LogError& e) {
-      PyErr_SetObject(g_log_error, py::make_tuple(e.line, e.what()).ptr());
+      // The reader quotes the log's text, which need not be UTF-8: never fail on the message.
+      const char* what = e.what();
+      py::object msg = py::reinterpret_steal<py::object>(
+          PyUnicode_DecodeUTF8(what, Py_ssize_t(std::strlen(what)), "backslashreplace"));
+      if (!msg) throw py::error_already_set();
+      PyErr_SetObject(g_log_error, py::make_tuple(e.line, msg).ptr());
     } catch (const OutOfMemory& e) {
       PyErr_SetObject(g_oom, py::make_tuple(e.needed, e.budget, e.what()).ptr());
     } catch (const Thrashing& e) {
@@ -169,6 +176,7 @@ PYBIND11_MODULE(_C, m) {
       .def_readonly("format", &Program::format)
       .def_readonly("cost_unit", &Program::cost_unit)
       .def_readonly("meta_json", &Program::meta_json)
+      .def_readonly("meta_line", &Program::meta_line)
       .def_readonly("handle_names", &Program::handle_names)
       .def_readonly("names", &Program::names)
       .def("base_compute", &Program::base_compute)

@@ -6,7 +6,9 @@
 // flat JSON objects of both formats directly into a Program, validating ids as it
 // goes, so `dtr-sim replay` spends its time simulating. Each format is a table
 // from instruction name to handler; adding an instruction is one table entry.
+#include <cctype>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <functional>
 #include <memory>
@@ -17,6 +19,78 @@
 
 namespace dtr {
 namespace {
+
+// ---------------------------------------------------------------------------
+// Text helpers.
+
+// Note [Bounds on what a log may ask for]
+// The core keeps memory in int64 counters and compute in doubles. Rather than
+// checking every sum inside the core, the reader bounds what a log can make it
+// add up: every size is at most kMaxSize (below 2^53, so that the double that
+// carries a JSON number holds it exactly), every byte total the core can reach
+// (the bytes of every storage the log can ever allocate, and one operator's
+// inputs and outputs together) at most kMaxTotalBytes = 2^61, so that the
+// core's sums of a few such totals stay below 2^63, and the costs together at
+// most kMaxTotalCost, leaving room for many recomputations in a double. A log
+// past a bound is an error naming the line where it was passed.
+constexpr int64_t kMaxSize = int64_t(1) << 52;
+constexpr int64_t kMaxTotalBytes = int64_t(1) << 61;
+constexpr double kMaxTotalCost = 1e250;
+
+// The length of the valid UTF-8 sequence at s[p], or 0 when it is not one.
+size_t utf8_length(std::string_view s, size_t p) {
+  const unsigned char c = s[p];
+  size_t n;
+  uint32_t cp;
+  if (c < 0x80) return 1;
+  if (c >= 0xC2 && c <= 0xDF) { n = 2; cp = c & 0x1F; }
+  else if (c >= 0xE0 && c <= 0xEF) { n = 3; cp = c & 0x0F; }
+  else if (c >= 0xF0 && c <= 0xF4) { n = 4; cp = c & 0x07; }
+  else return 0;
+  if (p + n > s.size()) return 0;
+  for (size_t k = 1; k < n; ++k) {
+    const unsigned char d = s[p + k];
+    if ((d & 0xC0) != 0x80) return 0;
+    cp = (cp << 6) | (d & 0x3F);
+  }
+  if ((n == 3 && cp < 0x800) || (n == 4 && (cp < 0x10000 || cp > 0x10FFFF)) || (cp >= 0xD800 && cp <= 0xDFFF))
+    return 0;
+  return n;
+}
+
+// Where a line stops being UTF-8 text (npos when it all is).
+size_t bad_utf8(std::string_view s) {
+  for (size_t p = 0; p < s.size();) {
+    if ((unsigned char)s[p] < 0x80) { ++p; continue; }
+    size_t n = utf8_length(s, p);
+    if (!n) return p;
+    p += n;
+  }
+  return std::string_view::npos;
+}
+
+// A log's string (an id, a name) quoted for an error message: one line, short.
+std::string quote(std::string_view s) {
+  std::string out = "'";
+  size_t shown = 0;
+  for (size_t p = 0; p < s.size(); ++p) {
+    if (++shown > 60) { out += "..."; break; }
+    const unsigned char c = s[p];
+    if (c < 0x20 || c == 0x7F) {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\x%02x", c);
+      out += buf;
+    } else if (c < 0x80) {
+      out += char(c);
+    } else {
+      size_t n = utf8_length(s, p);
+      if (!n) { out += "?"; continue; }
+      out.append(s.substr(p, n));
+      p += n - 1;
+    }
+  }
+  return out + "'";
+}
 
 // ---------------------------------------------------------------------------
 // A minimal JSON value and parser (objects, arrays, strings, numbers, literals).
@@ -108,19 +182,56 @@ class JsonParser {
       else { lit("null"); }
     } else if (c == '-' || (c >= '0' && c <= '9')) {
       v.type = JValue::Num;
-      size_t start = p_;
-      if (s_[p_] == '-') ++p_;
-      while (p_ < s_.size() && (std::isdigit((unsigned char)s_[p_]) || s_[p_] == '.' || s_[p_] == 'e' ||
-                                s_[p_] == 'E' || s_[p_] == '+' || s_[p_] == '-'))
-        ++p_;
-      std::string tok(s_.substr(start, p_ - start));
-      char* end = nullptr;
-      v.num = std::strtod(tok.c_str(), &end);
-      if (end != tok.c_str() + tok.size()) fail("invalid number '" + tok + "'");
+      v.num = number();
     } else {
-      fail(std::string("unexpected character '") + c + "'");
+      fail("unexpected character " + quote(s_.substr(p_, std::max<size_t>(1, utf8_length(s_, p_)))));
     }
     return v;
+  }
+  // A number as JSON writes it: -?(0|[1-9][0-9]*)(.[0-9]+)?([eE][+-]?[0-9]+)?
+  double number() {
+    const size_t start = p_;
+    auto digits = [&]() {
+      size_t k = p_;
+      while (p_ < s_.size() && s_[p_] >= '0' && s_[p_] <= '9') ++p_;
+      return p_ - k;
+    };
+    auto bad = [&]() {
+      while (p_ < s_.size() && (std::isalnum((unsigned char)s_[p_]) || s_[p_] == '.' || s_[p_] == '+' ||
+                                s_[p_] == '-'))
+        ++p_;
+      std::string tok(s_.substr(start, p_ - start));
+      p_ = start;
+      fail("invalid number " + quote(tok));
+    };
+    if (s_[p_] == '-') ++p_;
+    const size_t int_start = p_;
+    const size_t n = digits();
+    if (n == 0 || (n > 1 && s_[int_start] == '0')) bad();
+    if (p_ < s_.size() && s_[p_] == '.') {
+      ++p_;
+      if (!digits()) bad();
+    }
+    if (p_ < s_.size() && (s_[p_] == 'e' || s_[p_] == 'E')) {
+      ++p_;
+      if (p_ < s_.size() && (s_[p_] == '+' || s_[p_] == '-')) ++p_;
+      if (!digits()) bad();
+    }
+    if (p_ < s_.size() && (std::isalnum((unsigned char)s_[p_]) || s_[p_] == '.')) bad();
+    std::string tok(s_.substr(start, p_ - start));
+    return std::strtod(tok.c_str(), nullptr);  // +-HUGE_VAL past the double range: rejected by the reader
+  }
+  unsigned hex4() {
+    if (p_ + 4 > s_.size()) fail("bad \\u escape (expected 4 hex digits)");
+    unsigned cp = 0;
+    for (int k = 0; k < 4; ++k) {
+      const char h = s_[p_ + k];
+      int d = h >= '0' && h <= '9' ? h - '0' : h >= 'a' && h <= 'f' ? h - 'a' + 10 : h >= 'A' && h <= 'F' ? h - 'A' + 10 : -1;
+      if (d < 0) fail("bad \\u escape (expected 4 hex digits)");
+      cp = cp * 16 + unsigned(d);
+    }
+    p_ += 4;
+    return cp;
   }
   std::string string() {
     ++p_;  // opening quote
@@ -142,17 +253,37 @@ class JsonParser {
           case 'r': out += '\r'; break;
           case 't': out += '\t'; break;
           case 'u': {
-            if (p_ + 4 > s_.size()) fail("bad \\u escape");
-            unsigned cp = std::stoul(std::string(s_.substr(p_, 4)), nullptr, 16);
-            p_ += 4;
-            // ids are ASCII in practice; encode the BMP code point as UTF-8.
-            if (cp < 0x80) out += char(cp);
-            else if (cp < 0x800) { out += char(0xC0 | (cp >> 6)); out += char(0x80 | (cp & 0x3F)); }
-            else { out += char(0xE0 | (cp >> 12)); out += char(0x80 | ((cp >> 6) & 0x3F)); out += char(0x80 | (cp & 0x3F)); }
+            unsigned cp = hex4();
+            if (cp >= 0xDC00 && cp <= 0xDFFF) fail("bad \\u escape (a lone low surrogate)");
+            if (cp >= 0xD800 && cp <= 0xDBFF) {
+              if (s_.substr(p_, 2) != "\\u") fail("bad \\u escape (a high surrogate without its low half)");
+              p_ += 2;
+              unsigned lo = hex4();
+              if (lo < 0xDC00 || lo > 0xDFFF) fail("bad \\u escape (a high surrogate without its low half)");
+              cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
+            }
+            if (cp < 0x80) {
+              out += char(cp);
+            } else if (cp < 0x800) {
+              out += char(0xC0 | (cp >> 6));
+              out += char(0x80 | (cp & 0x3F));
+            } else if (cp < 0x10000) {
+              out += char(0xE0 | (cp >> 12));
+              out += char(0x80 | ((cp >> 6) & 0x3F));
+              out += char(0x80 | (cp & 0x3F));
+            } else {
+              out += char(0xF0 | (cp >> 18));
+              out += char(0x80 | ((cp >> 12) & 0x3F));
+              out += char(0x80 | ((cp >> 6) & 0x3F));
+              out += char(0x80 | (cp & 0x3F));
+            }
             break;
           }
           default: fail("bad escape");
         }
+      } else if ((unsigned char)c < 0x20) {
+        --p_;
+        fail("control character in a string (write it as an escape such as \\n)");
       } else {
         out += c;
       }
@@ -184,10 +315,11 @@ class Reader {
   double num_field(const JValue& o, const char* key) const { return as_num(field(o, key), key); }
   double as_num(const JValue& v, const char* key) const {
     if (v.type == JValue::Num) return v.num;
-    if (v.type == JValue::Str) {
+    if (v.type == JValue::Str && !v.str.empty() &&
+        v.str.find_first_not_of("0123456789.eE+-") == std::string::npos) {  // no hex, inf, nan or spaces
       char* end = nullptr;
       double d = std::strtod(v.str.c_str(), &end);
-      if (!v.str.empty() && end == v.str.c_str() + v.str.size()) return d;
+      if (end == v.str.c_str() + v.str.size()) return d;
     }
     error(std::string("field '") + key + "' must be a number");
   }
@@ -202,19 +334,47 @@ class Reader {
     return out;
   }
   int64_t size_value(double d, const char* key) const {
-    if (!std::isfinite(d) || d < 0) error(std::string("negative or invalid size in '") + key + "'");
+    if (std::isnan(d) || d < 0) error(std::string("negative or invalid size in '") + key + "'");
+    if (d > double(kMaxSize))
+      error(std::string("size in '") + key + "' is too large: at most " + std::to_string(kMaxSize) +
+            " bytes (2^52) per tensor");
     if (d != std::floor(d)) error(std::string("size in '") + key + "' must be a whole number of bytes");
     return int64_t(d);
   }
-  double cost_value(double d, const char* key) const {
+  double cost_value(double d, const char* key) {
     if (!std::isfinite(d) || d < 0) error(std::string("negative or invalid cost in '") + key + "'");
+    total_cost_ += d;
+    if (!(total_cost_ <= kMaxTotalCost))
+      error(std::string("the costs add up to more than 1e250 (at '") + key + "'); rescale the log's costs");
     return d;
+  }
+  // Note [Bounds on what a log may ask for]: `bytes` more may be allocated.
+  void allocate(int64_t bytes) {
+    add_bytes(allocated_, bytes, "the log allocates more than 2^61 bytes in all (every tensor it creates, "
+                                 "counted once)");
+  }
+  void add_bytes(int64_t& total, int64_t bytes, const char* what) const {
+    if (__builtin_add_overflow(total, bytes, &total) || total > kMaxTotalBytes) error(what);
+  }
+  // Bytes of the storage handle h refers to (sizes of views count their base's).
+  int64_t storage_bytes(int h) const { return h < int(bytes_.size()) ? bytes_[h] : 0; }
+  void set_bytes(int h, int64_t b) {
+    if (h >= int(bytes_.size())) bytes_.resize(h + 1, 0);
+    bytes_[h] = b;
+  }
+  // One operator's inputs and outputs together stay within the bound too.
+  void check_working_set(const Instr& ins) const {
+    int64_t w = 0;
+    const char* what = "one operator's inputs and outputs add up to more than 2^61 bytes";
+    for (int h : ins.in) add_bytes(w, storage_bytes(h), what);
+    for (int64_t b : ins.sizes) add_bytes(w, b, what);
+    for (int j : ins.mutated) add_bytes(w, storage_bytes(ins.in[j]), what);
   }
 
   // A handle that must be live (read).
   int use(const std::string& id) const {
     auto it = ids_.find(id);
-    if (it == ids_.end() || !live_[it->second]) error("unknown id '" + id + "' (never defined, or already released)");
+    if (it == ids_.end() || !live_[it->second]) error("unknown id " + quote(id) + " (never defined, or already released)");
     return it->second;
   }
   bool is_live(const std::string& id) const {
@@ -225,7 +385,7 @@ class Reader {
   int define(const std::string& id) {
     auto it = ids_.find(id);
     if (it != ids_.end()) {
-      if (live_[it->second]) error("id '" + id + "' is defined twice");
+      if (live_[it->second]) error("id " + quote(id) + " is defined twice");
       live_[it->second] = true;
       return it->second;
     }
@@ -245,6 +405,17 @@ class Reader {
     return k;
   }
   void emit(Instr&& ins) {
+    if (ins.kind == InstrKind::Constant || ins.kind == InstrKind::Call || ins.kind == InstrKind::Mutate) {
+      check_working_set(ins);
+      int64_t fresh = 0;
+      for (size_t k = 0; k < ins.sizes.size(); ++k)
+        if (ins.aliases.empty() || ins.aliases[k] < 0) fresh += ins.sizes[k];  // each <= 2^52, at most 2^61 in all
+      for (int j : ins.mutated) fresh += storage_bytes(ins.in[j]);
+      allocate(fresh);
+      for (size_t k = 0; k < ins.out.size() && k < ins.sizes.size(); ++k)
+        set_bytes(ins.out[k], !ins.aliases.empty() && ins.aliases[k] >= 0 ? storage_bytes(ins.in[ins.aliases[k]])
+                                                                          : ins.sizes[k]);
+    }
     ins.line = pending_line_ ? pending_line_ : line;
     prog_.instrs.push_back(std::move(ins));
   }
@@ -255,6 +426,7 @@ class Reader {
     ins.in.push_back(src);
     if (kind == InstrKind::Copy) ins.out.push_back(define(str_field(o, dst_key)));
     if (kind == InstrKind::CopyFrom) ins.out.push_back(use(str_field(o, dst_key)));
+    if (kind != InstrKind::Release) set_bytes(ins.out[0], storage_bytes(src));
     if (kind == InstrKind::Release) kill(src);
     emit(std::move(ins));
   }
@@ -266,6 +438,9 @@ class Reader {
   std::unordered_map<std::string, int> ids_;
   std::vector<bool> live_;
   std::unordered_map<std::string, int> names_;
+  std::vector<int64_t> bytes_;  // handle -> bytes of its storage
+  int64_t allocated_ = 0;       // bytes of every storage the log can allocate
+  double total_cost_ = 0;
 };
 
 // ---------------------------------------------------------------------------
@@ -285,8 +460,7 @@ class V1Reader {
     };
     auto it = table.find(op);
     if (it == table.end())
-      r_.error("unknown op '" + op +
-               "' (valid: meta, constant, call, mutate, copy, copyfrom, release, pin, protect, collect)");
+      r_.error("unknown op " + quote(op) + " (valid: meta, constant, call, mutate, copy, copyfrom, release, pin, protect, collect)");
     (this->*(it->second))(o);
     seen_instr_ = seen_instr_ || op != "meta";
   }
@@ -301,7 +475,8 @@ class V1Reader {
       if (v->type != JValue::Num || v->num != 1) r_.error("unsupported log version (this reader knows version 1)");
     }
     if (const JValue* u = o.get("cost_unit")) {
-      if (u->type != JValue::Str) r_.error("field 'cost_unit' must be a string");
+      if (u->type != JValue::Str || u->str.empty() || u->str.size() > 32 || quote(u->str) != "'" + u->str + "'")
+        r_.error("field 'cost_unit' must be a short string without control characters (ns, flop, ...)");
       r_.prog().cost_unit = u->str;
     }
   }
@@ -333,7 +508,7 @@ class V1Reader {
         int idx = -1;
         for (size_t j = 0; j < inputs.size(); ++j)
           if (inputs[j] == a.str) { idx = int(j); break; }
-        if (idx < 0) r_.error("output '" + outputs[k] + "' aliases '" + a.str + "', which is not an input of this call");
+        if (idx < 0) r_.error("output " + quote(outputs[k]) + " aliases " + quote(a.str) + ", which is not an input of this call");
         ins.aliases.push_back(idx);
       } else {
         r_.error("'aliases' entries must be null or an input id");
@@ -363,7 +538,7 @@ class V1Reader {
       int idx = -1;
       for (size_t j = 0; j < inputs.size(); ++j)
         if (inputs[j] == m) { idx = int(j); break; }
-      if (idx < 0) r_.error("mutated id '" + m + "' is not an input of this mutate");
+      if (idx < 0) r_.error("mutated id " + quote(m) + " is not an input of this mutate");
       ins.mutated.push_back(idx);
     }
     if (const JValue* ip = o.get("inplace")) {
@@ -405,8 +580,7 @@ class SimrdReader {
     };
     auto it = table.find(ins);
     if (it == table.end())
-      r_.error("unknown INSTRUCTION '" + ins +
-               "' (valid: ANNOTATE, CONSTANT, MEMORY, CALL, ALIAS, MUTATE, COPY, COPY_FROM, RELEASE)");
+      r_.error("unknown INSTRUCTION " + quote(ins) + " (valid: ANNOTATE, CONSTANT, MEMORY, CALL, ALIAS, MUTATE, COPY, COPY_FROM, RELEASE)");
     if (!active_ && ins != "ANNOTATE") return;
     if (pending_ && ins != "MEMORY" && ins != "ALIAS") incomplete();
     (this->*(it->second))(o);
@@ -431,7 +605,7 @@ class SimrdReader {
     r_.line = pending_line_;
     r_.error(std::string(pending_->kind == InstrKind::Call ? "CALL" : "CONSTANT") +
              " is not followed by the MEMORY" + (pending_->kind == InstrKind::Call ? " and ALIAS" : "") +
-             " lines of its output '" + pending_outs_[k] + "'");
+             " lines of its output " + quote(pending_outs_[k]));
   }
   void start(Instr&& ins, std::vector<std::string> outs) {
     pending_ = std::make_unique<Instr>(std::move(ins));
@@ -444,10 +618,10 @@ class SimrdReader {
     maybe_complete();
   }
   int pending_index(const std::string& name, const char* what) {
-    if (!pending_) r_.error(std::string(what) + " for '" + name + "' does not follow a CALL or CONSTANT");
+    if (!pending_) r_.error(std::string(what) + " for " + quote(name) + " does not follow a CALL or CONSTANT");
     for (size_t k = 0; k < pending_outs_.size(); ++k)
       if (pending_outs_[k] == name) return int(k);
-    r_.error(std::string(what) + " names '" + name + "', which is not an output of the preceding instruction");
+    r_.error(std::string(what) + " names " + quote(name) + ", which is not an output of the preceding instruction");
   }
   void maybe_complete() {
     for (size_t k = 0; k < pending_outs_.size(); ++k)
@@ -473,7 +647,7 @@ class SimrdReader {
   void memory(const JValue& o) {
     std::string n = r_.str_field(o, "NAME");
     int k = pending_index(n, "MEMORY");
-    if (got_mem_[k]) r_.error("second MEMORY line for '" + n + "'");
+    if (got_mem_[k]) r_.error("second MEMORY line for " + quote(n));
     pending_->sizes[k] = r_.size_value(r_.num_field(o, "MEMORY"), "MEMORY");
     got_mem_[k] = true;
     maybe_complete();
@@ -481,11 +655,11 @@ class SimrdReader {
   void alias(const JValue& o) {
     std::string n = r_.str_field(o, "NAME");
     int k = pending_index(n, "ALIAS");
-    if (pending_->kind != InstrKind::Call) r_.error("ALIAS for '" + n + "' follows a CONSTANT");
-    if (got_alias_[k]) r_.error("second ALIAS line for '" + n + "'");
+    if (pending_->kind != InstrKind::Call) r_.error("ALIAS for " + quote(n) + " follows a CONSTANT");
+    if (got_alias_[k]) r_.error("second ALIAS line for " + quote(n));
     double a = r_.num_field(o, "ALIAS");
     if (a != std::floor(a) || a < -1 || a >= double(pending_->in.size()))
-      r_.error("ALIAS of '" + n + "' must be -1 or the index of an argument (0.." +
+      r_.error("ALIAS of " + quote(n) + " must be -1 or the index of an argument (0.." +
                std::to_string(int(pending_->in.size()) - 1) + ")");
     pending_->aliases[k] = int(a);
     got_alias_[k] = true;
@@ -498,7 +672,7 @@ class SimrdReader {
     for (const auto& a : r_.str_list(o, "ARGS")) ins.in.push_back(r_.use(a));
     auto outs = r_.str_list(o, "RESULT");
     for (const auto& out : outs)
-      if (r_.is_live(out)) r_.error("id '" + out + "' is defined twice");
+      if (r_.is_live(out)) r_.error("id " + quote(out) + " is defined twice");
     start(std::move(ins), std::move(outs));
   }
   void mutate(const JValue& o) {
@@ -534,6 +708,8 @@ Program parse_log(const std::string& text) {
   Program prog;
   Reader reader(prog);
   std::string_view all(text);
+  // A UTF-8 byte order mark (some Windows editors write one) is not part of the log.
+  if (all.substr(0, 3) == "\xEF\xBB\xBF") all.remove_prefix(3);
 
   // Split into lines once; detect the format from the first non-blank line.
   std::vector<std::string_view> lines;
@@ -546,6 +722,13 @@ Program parse_log(const std::string& text) {
   }
   auto parse_line = [&](size_t k) -> JValue {
     reader.line = int(k + 1);
+    const size_t bad = bad_utf8(lines[k]);
+    if (bad != std::string_view::npos) {
+      char buf[96];
+      std::snprintf(buf, sizeof buf, "not UTF-8 text (byte 0x%02X at column %zu): a binary file, or a corrupt log?",
+                    (unsigned char)lines[k][bad], bad + 1);
+      reader.error(buf);
+    }
     try {
       return JsonParser(lines[k]).parse_document();
     } catch (const std::invalid_argument& e) {
@@ -562,7 +745,10 @@ Program parse_log(const std::string& text) {
   } else if (head.type == JValue::Obj && head.get("op")) {
     prog.format = "v1";
     if (const JValue* op = head.get("op"); op->type == JValue::Str && op->str == "meta")
+    {
       prog.meta_json = std::string(lines[first]);
+      prog.meta_line = int(first + 1);
+    }
   } else {
     reader.error("not a dtr log: expected a JSON object with \"op\" (format v1) or \"INSTRUCTION\" (simrd format)");
   }

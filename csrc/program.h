@@ -42,6 +42,7 @@ struct Program {
   std::string format;                 // "v1" or "simrd"
   std::string cost_unit = "ns";
   std::string meta_json;              // the v1 meta line, verbatim ("" when absent)
+  int meta_line = 0;                  // its 1-based line number (0 when absent)
   std::vector<Instr> instrs;
   std::vector<std::string> handle_names;  // handle -> the log's id
   std::vector<std::string> names;         // interned operator names

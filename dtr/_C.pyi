@@ -101,6 +101,7 @@ class Program:
     format: str
     cost_unit: str
     meta_json: str
+    meta_line: int
     handle_names: List[str]
     names: List[str]
     def base_compute(self) -> float: ...

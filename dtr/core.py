@@ -12,13 +12,16 @@ import types
 from typing import Callable, List, Optional, Sequence, Tuple
 
 from dtr import _C
-from dtr.errors import OutOfBudgetError, ThrashingError
+from dtr.errors import BudgetError, OutOfBudgetError, ThrashingError
 from dtr.heuristics import Heuristic, get_heuristic
 
 __all__ = ["Core", "Program", "make_config", "parse_program", "replay_program", "RawLogError"]
 
 Program = _C.Program
 RawLogError = _C.LogError
+
+_MAX_INT64 = 2**63 - 1
+_MAX_INT32 = 2**31 - 1
 
 
 def make_config(heuristic: Heuristic | str = "eqclass", budget: Optional[int] = None, *,
@@ -54,9 +57,16 @@ def make_config(heuristic: Heuristic | str = "eqclass", budget: Optional[int] = 
             inputs' own.
 
     Raises:
-        ValueError: unknown heuristic name.
+        ValueError: unknown heuristic name, or a seed or sample out of range.
+        BudgetError: a budget past 2^63 - 1 bytes.
     """
     h = get_heuristic(heuristic) if isinstance(heuristic, str) else heuristic
+    if budget is not None and int(budget) > _MAX_INT64:
+        raise BudgetError(f"budget {budget} bytes is more than the core can hold ({_MAX_INT64} bytes)")
+    if not 0 <= int(seed) < 2**64:
+        raise ValueError(f"seed must be a whole number from 0 to 2^64 - 1 (got {seed})")
+    if not 0 <= int(sample) <= _MAX_INT32:
+        raise ValueError(f"sample must be a whole number from 0 (all) to {_MAX_INT32} (got {sample})")
     cfg = _C.Config()
     cfg.budget = -1 if budget is None else int(budget)
     cfg.cost = h.cost

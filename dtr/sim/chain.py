@@ -9,8 +9,12 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
-__all__ = ["chain_log", "chain_budget"]
+__all__ = ["chain_log", "chain_budget", "MAX_CHAIN"]
+
+#: The longest chain the command line builds (its log is held in memory).
+MAX_CHAIN = 1_000_000
 
 
 def chain_log(n: int, size: int = 1, cost: float = 1) -> str:
@@ -41,13 +45,16 @@ def chain_log(n: int, size: int = 1, cost: float = 1) -> str:
 
 
 def chain_budget(n: int, spec: str | int) -> int:
-    """Budget in tensors: ``sqrt`` = ceil(2 sqrt n), ``log`` = ceil(log2 n), or an int.
+    """Budget in tensors: ``sqrt`` = ceil(2 sqrt n), ``log`` = ceil(log2 n), or a whole number.
 
     Raises:
-        ValueError: an unknown spec.
+        ValueError: an unknown spec, or a number past 2^63 - 1.
     """
-    if isinstance(spec, int) or str(spec).isdigit():
-        return int(spec)
+    if isinstance(spec, int) or re.fullmatch(r"\s*[0-9]+\s*", str(spec)):
+        budget = int(spec)
+        if not 0 <= budget <= 2**63 - 1:
+            raise ValueError(f"chain budget {spec} is out of range (0 to 2^63 - 1 unit tensors)")
+        return budget
     if spec == "sqrt":
         return math.ceil(2 * math.sqrt(n))
     if spec == "log":

@@ -13,6 +13,7 @@ import sys
 from typing import List, Optional
 
 from dtr.errors import DtrError
+from dtr.sim.chain import MAX_CHAIN
 from dtr.sim.commands import COMMANDS, add_heuristic_options, command, heuristic_from_args
 from dtr.units import format_bytes
 
@@ -72,7 +73,8 @@ def _replay(args: argparse.Namespace) -> int:
 
 
 def _chain_args(c: argparse.ArgumentParser) -> None:
-    c.add_argument("--n", type=int, required=True, help="number of layers")
+    c.add_argument("--n", type=int, required=True,
+                   help=f"number of layers (1 to {MAX_CHAIN})")
     c.add_argument("--budget", required=True, metavar="{sqrt,log,INT}",
                    help="sqrt = ceil(2 sqrt n), log = ceil(log2 n), or a number of unit tensors")
     c.add_argument("--eager", action="store_true",
@@ -87,6 +89,8 @@ def _chain(args: argparse.Namespace) -> int:
     from dtr.sim.replay import replay
     if args.n < 1:
         raise DtrError(f"--n must be at least 1 (got {args.n})")
+    if args.n > MAX_CHAIN:
+        raise DtrError(f"--n must be at most {MAX_CHAIN} (got {args.n}): the chain's log is built in memory")
     try:
         budget = chain_budget(args.n, args.budget)
     except ValueError as e:
@@ -116,11 +120,21 @@ def main(argv: Optional[List[str]] = None) -> int:
     args = parser.parse_args(argv)
     try:
         return COMMANDS[args.command].run(args)
-    except (DtrError, ValueError) as e:
-        print(f"dtr-sim: error: {e}", file=sys.stderr)
-        return 2
     except BrokenPipeError:
         return 0
+    except (DtrError, ValueError) as e:
+        _error(str(e))
+        return 2
+    except OSError as e:  # a file the user named cannot be read or written
+        where = f"{e.filename}: " if e.filename is not None else ""
+        _error(f"{where}{e.strerror or e}")
+        return 2
+
+
+def _error(message: str) -> None:
+    """Print one line on stderr: ``dtr-sim: error: MESSAGE`` (control characters escaped)."""
+    one_line = "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in message)
+    print(f"dtr-sim: error: {one_line}", file=sys.stderr)
 
 
 if __name__ == "__main__":  # pragma: no cover

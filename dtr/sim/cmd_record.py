@@ -13,7 +13,7 @@ import os
 from typing import Any, Dict, Tuple
 
 from dtr.errors import DtrError
-from dtr.sim.commands import command
+from dtr.sim.commands import command, int_type
 from dtr.units import format_bytes
 
 __all__ = ["update_manifest", "count_lines"]
@@ -36,12 +36,12 @@ def _record_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", help="a zoo model (resnet32, densenet-bc, unet, gpt, lstm, treelstm, hf-gpt2)")
     p.add_argument("-o", "--output", required=True, metavar="OUT",
                    help="the log to write (.gz compresses), e.g. logs/MODEL.jsonl.gz")
-    p.add_argument("--batch", type=int, default=8, metavar="N", help="batch size (default: 8)")
-    p.add_argument("--seed", type=int, default=0, metavar="S",
+    p.add_argument("--batch", type=int_type(1, 2**31 - 1, "--batch"), default=8, metavar="N", help="batch size (default: 8)")
+    p.add_argument("--seed", type=int_type(0, 2**63 - 1, "the seed"), default=0, metavar="S",
                    help="seed of the weights, the batch and the step's dropout (default: 0)")
     p.add_argument("--cost-model", choices=("flops", "time"), default="flops",
                    help="op costs in the log: flops (deterministic, default) or measured time")
-    p.add_argument("--warmup", type=int, default=1, metavar="K",
+    p.add_argument("--warmup", type=int_type(0, 1_000_000, "--warmup"), default=1, metavar="K",
                    help="training steps run outside dtr before the recorded one (default: 1)")
     p.add_argument("--set", dest="options", type=_option, action="append", default=[], metavar="KEY=VALUE",
                    help="a model option (e.g. depth=40, seq_len=64); repeatable")

@@ -5,7 +5,8 @@ import argparse
 import math
 
 from dtr.errors import DtrError
-from dtr.sim.commands import add_heuristic_options, command, emit_json, heuristic_from_args, thrash_limit_type
+from dtr.sim.commands import (add_heuristic_options, command, emit_json, heuristic_from_args, positive_seconds,
+                              seed_type, thrash_limit_type)
 
 __all__: list = []
 
@@ -54,9 +55,9 @@ def _compare_args(p: argparse.ArgumentParser) -> None:
                    help="chen, rotor, checkmate, checkmate-lp, fastsa (default: all)")
     p.add_argument("--heuristics", default="dtr,eqclass,local,lru", metavar="H1,H2",
                    help="DTR heuristics to include (default: dtr,eqclass,local,lru; 'none' for none)")
-    p.add_argument("--time-limit", type=float, default=60.0, metavar="S",
+    p.add_argument("--time-limit", type=positive_seconds, default=60.0, metavar="S",
                    help="seconds for the ILP (and FastSA) per budget (default: 60)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the randomized planners (default: 0)")
+    p.add_argument("--seed", type=seed_type, default=0, help="seed of the randomized planners (default: 0)")
     p.add_argument("--thrash-limit", type=thrash_limit_type, default=3.0, metavar="X",
                    help="the simulator's thrash limit (default: 3)")
     p.add_argument("--json", action="store_true", help="print a JSON list")
@@ -68,7 +69,7 @@ def _compare(args: argparse.Namespace) -> int:
     from dtr.sim.compare import budget_range, compare, format_rows, plot_rows
     from dtr.sim.logs import read_log
     from dtr.sim.planners import PlanOptions, get_planner, planner_names
-    from dtr.sim.replay import baseline, resolve_budget
+    from dtr.sim.replay import baseline, budget_from_ratio, resolve_budget
     names = planner_names() if args.planners == "all" else [x.strip() for x in args.planners.split(",") if x.strip()]
     for n in names:
         get_planner(n)
@@ -80,7 +81,7 @@ def _compare(args: argparse.Namespace) -> int:
     log = read_log(args.log)
     peak0 = baseline(log)["peak_memory"]
     if args.budgets:
-        budgets = [int(peak0 * r) for r in budget_range(args.budgets)]
+        budgets = [budget_from_ratio(peak0, r) for r in budget_range(args.budgets)]
     else:
         budgets = [resolve_budget(args.budget, peak0)]
     rows = compare(log, budgets, names, heuristics=heur, thrash_limit=args.thrash_limit, baseline_peak=peak0,

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from dataclasses import dataclass
 from typing import Callable, Dict
 
 from dtr.heuristics import COST_MODES, Heuristic, get_heuristic, heuristic_names
 
 __all__ = ["Command", "command", "COMMANDS", "add_heuristic_options", "heuristic_from_args", "thrash_limit_type",
-           "emit_json"]
+           "emit_json", "int_type", "positive_seconds", "seed_type", "sample_type"]
 
 
 @dataclass(frozen=True)
@@ -52,6 +53,39 @@ def thrash_limit_type(text: str) -> float:
     return x
 
 
+def int_type(low: int, high: int, what: str = "a whole number") -> Callable[[str], int]:
+    """argparse type of a whole number from ``low`` to ``high`` (inclusive)."""
+
+    def parse(text: str) -> int:
+        try:
+            x = int(text.strip(), 10)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+        if not low <= x <= high:
+            raise argparse.ArgumentTypeError(f"{what} must be from {low} to {high} (got {text})")
+        return x
+
+    parse.__name__ = "int"
+    return parse
+
+
+def positive_seconds(text: str) -> float:
+    """argparse type of a time limit: a finite number of seconds > 0."""
+    try:
+        x = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not (math.isfinite(x) and x > 0):
+        raise argparse.ArgumentTypeError(f"the time limit must be a finite number of seconds > 0 (got {text})")
+    return x
+
+
+#: --seed: the core's seed is an unsigned 64-bit integer.
+seed_type = int_type(0, 2**64 - 1, "the seed")
+#: --sample: a count of pool members (0: all).
+sample_type = int_type(0, 2**31 - 1, "the sample size")
+
+
 def add_heuristic_options(sp: argparse.ArgumentParser, default_limit: float = 3.0) -> None:
     """--heuristic, --thrash-limit, ablation switches, --seed, --sample, --json."""
     sp.add_argument("--heuristic", default="eqclass", choices=heuristic_names(),
@@ -61,8 +95,8 @@ def add_heuristic_options(sp: argparse.ArgumentParser, default_limit: float = 3.
     sp.add_argument("--cost", choices=COST_MODES, default=None, help="ablation: the cost term")
     sp.add_argument("--no-size", action="store_true", help="ablation: ignore storage sizes")
     sp.add_argument("--no-staleness", action="store_true", help="ablation: ignore staleness")
-    sp.add_argument("--seed", type=int, default=0, help="seed for random choices (default: 0)")
-    sp.add_argument("--sample", type=int, default=0, metavar="K",
+    sp.add_argument("--seed", type=seed_type, default=0, help="seed for random choices (default: 0)")
+    sp.add_argument("--sample", type=sample_type, default=0, metavar="K",
                     help="score only K random pool members per eviction (default: all)")
     sp.add_argument("--json", action="store_true", help="print JSON")
 

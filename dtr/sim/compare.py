@@ -54,6 +54,9 @@ class CompareRow:
         return asdict(self)
 
 
+_MAX_BUDGETS = 1000
+
+
 def budget_range(spec: str) -> List[float]:
     """Ratios START:STOP:STEP, STOP inclusive.
 
@@ -64,8 +67,10 @@ def budget_range(spec: str) -> List[float]:
         start, stop, step = (float(x) for x in spec.split(":"))
     except ValueError:
         raise ValueError(f"not a budget range: {spec!r} (use START:STOP:STEP ratios, e.g. 0.3:0.8:0.1)") from None
-    if not (step > 0 and 0 < start <= stop):
-        raise ValueError(f"not a budget range: {spec!r} (need 0 < START <= STOP and STEP > 0)")
+    if not (step > 0 and 0 < start <= stop and math.isfinite(stop)):
+        raise ValueError(f"not a budget range: {spec!r} (need 0 < START <= STOP, all finite, and STEP > 0)")
+    if (stop - start) / step > _MAX_BUDGETS:
+        raise ValueError(f"not a budget range: {spec!r} (more than {_MAX_BUDGETS} budgets; use a larger STEP)")
     out, k = [], 0
     while start + k * step <= stop + 1e-9:
         out.append(round(start + k * step, 10))

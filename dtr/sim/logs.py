@@ -120,22 +120,34 @@ def read_log(path: str | os.PathLike) -> Log:
     """
     path = os.fspath(path)
     data = read_bytes(path)
+    return _parse(data, path)
+
+
+def parse_text(text: str, path: str = "<string>") -> Log:
+    """Parse a log held in a string (tests, generated logs)."""
+    return _parse(text.encode("utf-8", "surrogatepass"), path)
+
+
+# Meta fields that change how a log replays (see dtr.sim.replay.log_semantics):
+# a value other than true/false must not be read as one.
+SEMANTICS_FIELDS = ("free_dead_constants", "keep_needed", "eqclass_split", "inplace_handover", "deep_first")
+
+
+def _parse(data: bytes, path: str) -> Log:
     try:
         program = parse_program(data)
     except RawLogError as e:
         line, reason = e.args
         raise LogFormatError(path, line, reason) from None
-    meta = json.loads(program.meta_json) if program.meta_json else {}
-    return Log(path=path, program=program, format=program.format, cost_unit=program.cost_unit, meta=meta)
-
-
-def parse_text(text: str, path: str = "<string>") -> Log:
-    """Parse a log held in a string (tests, generated logs)."""
-    try:
-        program = parse_program(text.encode())
-    except RawLogError as e:
-        line, reason = e.args
-        raise LogFormatError(path, line, reason) from None
-    meta = json.loads(program.meta_json) if program.meta_json else {}
+    meta: dict = {}
+    if program.meta_json:
+        try:
+            meta = json.loads(program.meta_json)
+        except ValueError as e:  # the C++ reader accepted it; this guards against the two disagreeing
+            raise LogFormatError(path, program.meta_line, f"the meta line is not valid JSON: {e}") from None
+        for key in SEMANTICS_FIELDS:
+            if key in meta and not isinstance(meta[key], bool):
+                raise LogFormatError(path, program.meta_line,
+                                     f"meta field '{key}' must be true or false (got {json.dumps(meta[key])})")
     return Log(path=path, program=program, format=program.format, cost_unit=program.cost_unit, meta=meta)
 

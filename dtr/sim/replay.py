@@ -11,9 +11,9 @@ from dtr.core import replay_program
 from dtr.errors import BudgetError
 from dtr.heuristics import Heuristic, get_heuristic
 from dtr.sim.logs import Log, read_log
-from dtr.units import parse_bytes
+from dtr.units import MAX_BYTES, parse_bytes
 
-__all__ = ["ReplayResult", "replay", "resolve_budget", "baseline"]
+__all__ = ["ReplayResult", "replay", "resolve_budget", "budget_from_ratio", "baseline"]
 
 BudgetSpec = Union[None, int, str]
 _PERCENT = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*%\s*$")
@@ -92,12 +92,35 @@ def resolve_budget(spec: BudgetSpec, baseline_peak: int) -> Optional[int]:
     if isinstance(spec, str):
         m = _PERCENT.match(spec)
         if m:
-            return int(baseline_peak * float(m.group(1)) / 100.0)
+            return budget_from_ratio(baseline_peak, float(m.group(1)) / 100.0, spec.strip())
     try:
         return parse_bytes(spec)
-    except BudgetError:
+    except BudgetError as e:
+        if str(e).startswith("not a whole number"):
+            raise BudgetError(f"not a budget: {spec!r} is not a whole number of bytes (for a fraction of the "
+                              f"log's peak write a percentage such as 40%; with a unit, fractions are fine: "
+                              f"1.5GiB)") from None
+        if "too large" in str(e):
+            raise
         raise BudgetError(f"not a budget: {spec!r} (use bytes, a size such as 6GiB or 500MB, "
                           f"or a percentage of the log's peak such as 40%)") from None
+
+
+def budget_from_ratio(baseline_peak: int, ratio: float, spec: object = None) -> int:
+    """``ratio`` times ``baseline_peak`` in whole bytes (rounded down).
+
+    Raises:
+        BudgetError: the ratio is not a finite number >= 0, or the budget is
+            more than the core can hold (2^63 - 1 bytes).
+    """
+    what = spec if spec is not None else f"ratio {ratio:g}"
+    if not (math.isfinite(ratio) and ratio >= 0):
+        raise BudgetError(f"not a budget: {what} (a ratio of the log's peak must be finite and >= 0)")
+    budget = int(baseline_peak * ratio)
+    if budget > MAX_BYTES:
+        raise BudgetError(f"budget {what} of the log's peak ({baseline_peak} bytes) is more than the core "
+                          f"can hold ({MAX_BYTES} bytes); use a smaller one")
+    return budget
 
 
 def log_semantics(log: Log) -> dict:

@@ -185,12 +185,12 @@ class _Task:
 
 def _run_task(task: _Task, cache: Optional[Dict[str, object]] = None) -> SweepRow:
     from dtr.sim.logs import read_log
-    from dtr.sim.replay import replay
+    from dtr.sim.replay import budget_from_ratio, replay
     cache = _WORKER_LOGS if cache is None else cache
     log = cache.get(task.log)
     if log is None:
         log = cache[task.log] = read_log(task.log)
-    res = replay(log, task.heuristic, int(task.peak * task.ratio), thrash_limit=task.thrash_limit,
+    res = replay(log, task.heuristic, budget_from_ratio(task.peak, task.ratio), thrash_limit=task.thrash_limit,
                  baseline_peak=task.peak)
     d = asdict(res)
     d.update(log=task.log, model=task.model, budget_ratio=task.ratio, thrash_limit=float(task.thrash_limit))
@@ -225,7 +225,7 @@ def sweep(logs: Iterable[PathLike], heuristics: Union[str, Sequence[HeuristicSpe
         DtrError: ``out`` exists but is not a sweep CSV.
     """
     from dtr.sim.logs import read_log
-    from dtr.sim.replay import baseline
+    from dtr.sim.replay import baseline, budget_from_ratio
 
     hs = parse_heuristics(heuristics)
     rs = parse_ratios(ratios) if isinstance(ratios, str) else sorted({round(float(r), _RATIO_DECIMALS) for r in ratios})
@@ -253,6 +253,7 @@ def sweep(logs: Iterable[PathLike], heuristics: Union[str, Sequence[HeuristicSpe
         if p in todo_paths:
             log = local_cache[p] = read_log(p)
             info[p] = (model_label(log), baseline(log)["peak_memory"])
+            budget_from_ratio(info[p][1], rs[-1])  # the largest budget fits the core, or fail before any run
     tasks = [_Task(p, info[p][0], info[p][1], h, r, thrash_limit) for p, h, r in grid
              if row_key(p, h.name, r, thrash_limit) not in done]
     # Low budgets take longest: start them first so the pool's tail is short.
@@ -385,5 +386,9 @@ def read_rows(path: PathLike) -> List[SweepRow]:
                     values[k] = text
             except ValueError:
                 raise DtrError(f"{path}:{lineno}: column {k}: {text!r} is not a number") from None
+            if isinstance(values[k], float) and math.isnan(values[k]):
+                raise DtrError(f"{path}:{lineno}: column {k}: {text!r} is not a number")
+            if k == "budget_ratio" and not (0 < values[k] < math.inf):
+                raise DtrError(f"{path}:{lineno}: column budget_ratio: {text!r} is not a ratio > 0")
         rows.append(SweepRow(**values))
     return rows
