@@ -8,7 +8,11 @@ depends on the data, control flow on ``.item()``, memory escaping through
 ``.numpy()``, BatchNorm's hidden writes to its running statistics, in-place
 changes of view metadata (``t_``, ``transpose_``, ``unsqueeze_``), scatter
 writes, bfloat16 autocast regions, a user-defined autograd Function,
-``torch.utils.checkpoint``, factories and dropped names.
+``torch.utils.checkpoint``, factories and dropped names, random factories
+(a program may start with one), sampling ops drawing from a generator the
+program owns (``generator=``), ``torch.manual_seed`` and ``fork_rng`` between
+ops, ``torch.save``/``torch.load``, ``pickle`` and ``copy.deepcopy`` round
+trips of live tensors, and sparse COO/CSR operands (written in place too).
 
 :func:`generate` builds one instruction at a time, running each eagerly and
 keeping only those PyTorch accepts, and retries until the program's backward
@@ -20,7 +24,11 @@ or one around all.
 from __future__ import annotations
 
 import contextlib
+import copy
+import io
+import pickle
 import random
+import warnings
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple
 
 import torch
@@ -31,6 +39,8 @@ __all__ = ["Instr", "Program", "Result", "generate", "run", "run_steps"]
 
 SHAPES = [(16, 16), (16, 32), (32, 16), (32, 32)]
 KEEP = 3  # names the program still holds after its loss (run)
+# The program's own torch.Generator (for generator= arguments), reseeded from the program's seed by _leaves.
+_GENERATOR = torch.Generator()
 
 
 class Instr(NamedTuple):
@@ -176,6 +186,53 @@ def _exec(ins: Instr, env: Dict[str, torch.Tensor]) -> None:
         env[out] = _ScaledMul.apply(t(args[0]), t(args[1]))
     elif k == "checkpoint":  # torch.utils.checkpoint inside the budget: its recomputation goes through dtr too
         env[out] = torch.utils.checkpoint.checkpoint(_block, t(args[0]), use_reentrant=False)
+    elif k == "randn":  # a random factory (a program may start with one)
+        env[out] = torch.randn(args[0]) * 0.5
+    elif k == "sample":  # a sampling op on the program's own generator (or the default one)
+        a, g = t(args[1]), (_GENERATOR if args[2] else None)
+        if args[0] == "bernoulli":
+            env[out] = torch.bernoulli(torch.sigmoid(a.detach()), generator=g) * a
+        elif args[0] == "normal_":
+            env[out] = torch.empty_like(a).normal_(generator=g) + a
+        elif args[0] == "multinomial":  # rows picked at random
+            idx = torch.multinomial(torch.softmax(a.detach(), dim=1), 2, replacement=True, generator=g)
+            env[out] = a.gather(1, idx).sum(1, keepdim=True) * a
+        elif args[0] == "randperm":
+            env[out] = a[torch.randperm(a.shape[0], generator=g)]
+        else:
+            env[out] = torch.rand(a.shape, generator=g) * a
+    elif k == "reseed":  # the default generator reseeded (or forked) between ops
+        if args[0] == "manual_seed":
+            torch.manual_seed(args[1])
+            env[out] = F.dropout(t(args[2]), p=0.5, training=True)
+        else:
+            with torch.random.fork_rng():
+                torch.manual_seed(args[1])
+                y = F.dropout(t(args[2]), p=0.5, training=True)
+            env[out] = y + F.dropout(t(args[2]), p=0.5, training=True)
+    elif k == "serialize":  # a live tensor's bytes read outside the dispatcher, then used again
+        a = t(args[1]).detach()
+        if args[0] == "save":
+            buf = io.BytesIO()
+            torch.save(a, buf)
+            buf.seek(0)
+            b = torch.load(buf)
+        elif args[0] == "pickle":
+            b = pickle.loads(pickle.dumps(a))
+        else:
+            b = copy.deepcopy(a)
+        env[out] = b * t(args[1])
+    elif k == "sparse":  # a sparse operand (COO or CSR) made from a live tensor; written in place too
+        a, b = t(args[1]), t(args[2])
+        s = a.detach().relu()
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta")
+            s = s.to_sparse() if args[0] == "coo" else s.to_sparse_csr()
+        y = s @ b
+        if args[3]:  # the sparse tensor changes after an op read it
+            (s.values() if args[0] == "csr" else s).mul_(2.0)
+            y = y + s @ b
+        env[out] = y
     elif k == "del":
         del env[args[0]]
     else:
@@ -191,9 +248,11 @@ def _propose(rng: random.Random, env: Dict[str, torch.Tensor], fresh: Callable[[
     kind = rng.choices(["unary", "binary", "mm", "view", "inplace", "dropout", "randn_like", "cat", "sum",
                         "ones", "del", "max", "index_put", "out", "no_grad", "expand", "masked_select", "where",
                         "cond", "numpy", "batch_norm", "sort", "meta_inplace", "scatter", "cumsum", "autocast",
-                        "function", "checkpoint"],
+                        "function", "checkpoint", "randn", "sample", "reseed", "serialize", "sparse"],
                        weights=[14, 12, 10, 14, 14, 5, 3, 4, 3, 2, 8, 3, 3, 3, 2, 2, 2, 2, 2, 1, 2, 2, 3, 2, 2, 2,
-                                2, 2])[0]
+                                2, 2, 2, 4, 2, 2, 2])[0]
+    if kind == "randn":
+        return Instr(kind, fresh(), (rng.choice(SHAPES),))
     a = _pick(rng, env)
     if a is None:
         return None
@@ -255,6 +314,19 @@ def _propose(rng: random.Random, env: Dict[str, torch.Tensor], fresh: Callable[[
         return Instr(kind, fresh(), (a, b))
     if kind == "checkpoint":
         return Instr(kind, fresh(), (a,))
+    if kind == "sample":
+        if env[a].dim() != 2 or not env[a].is_floating_point():
+            return None
+        return Instr(kind, fresh(), (rng.choice(["bernoulli", "normal_", "multinomial", "randperm", "rand"]), a,
+                                     rng.random() < 0.7))
+    if kind == "reseed":
+        return Instr(kind, fresh(), (rng.choice(["manual_seed", "fork_rng"]), rng.randrange(1000), a))
+    if kind == "serialize":
+        return Instr(kind, fresh(), (rng.choice(["save", "pickle", "deepcopy"]), a))
+    if kind == "sparse":
+        b = _pick(rng, env, lambda x: x.dim() == 2 and env[a].dim() == 2 and x.shape[0] == env[a].shape[1]
+                  and x.dtype == env[a].dtype == torch.float32)
+        return None if b is None else Instr(kind, fresh(), (rng.choice(["coo", "csr"]), a, b, rng.random() < 0.3))
     if kind == "where":
         b = _pick(rng, env, lambda x: x.shape == env[a].shape)
         return Instr(kind, fresh(), (a, b))
@@ -272,6 +344,7 @@ def _propose(rng: random.Random, env: Dict[str, torch.Tensor], fresh: Callable[[
 
 
 def _leaves(p: Program) -> Tuple[List[torch.Tensor], List[torch.Tensor]]:
+    _GENERATOR.manual_seed(p.seed + 1)
     g = torch.Generator().manual_seed(p.seed)
     params = [torch.randn(s, generator=g).requires_grad_() for s in p.params]
     inputs = [torch.randn(s, generator=g) for s in p.inputs]
@@ -370,6 +443,10 @@ def generate(seed: int, length: int = 60, attempts: int = 20) -> Program:
         counter = iter(range(10 ** 6))
         instrs: List[Instr] = []
         torch.manual_seed(seed)
+        if rng.random() < 0.3:  # a random factory as the block's first op
+            first = Instr("randn", f"v{next(counter)}", (rng.choice(SHAPES),))
+            _exec(first, env)
+            instrs.append(first)
         for _ in range(20 * length):  # proposals (most are kept)
             if len(instrs) == length:
                 break

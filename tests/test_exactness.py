@@ -1,0 +1,321 @@
+"""Exactness under eviction, class by class: how a value enters (random state, any generator), leaves
+(save, pickle, deepcopy, NumPy, DLPack, storages) or is laid out (sparse), and what a failed block leaves.
+
+Each test runs a small chain under a budget that evicts, and compares with plain PyTorch bit for bit
+(or expects a clean budget error); the random-program tests (test_runtime_fuzz.py) mix the same classes.
+"""
+from __future__ import annotations
+
+import copy
+import gc
+import io
+import pickle
+import weakref
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import dtr  # noqa: E402
+
+pytestmark = pytest.mark.filterwarnings("ignore:Sparse CSR tensor support is in beta")
+
+
+# Storage introspection that does not count as the program's memory escaping (dtr/runtime/escapes.py).
+_storage = torch._C.TensorBase.untyped_storage
+W = torch.randn(256, 256, generator=torch.Generator().manual_seed(7)) * 0.05
+ROW = 64 * 256 * 4  # bytes of one activation
+
+
+def _chain(first: torch.Tensor, n: int = 16) -> list:
+    hs = [first]
+    for i in range(n):
+        hs.append(torch.tanh(hs[-1] @ W + i))
+    return hs
+
+
+def _budget(k: int) -> int:
+    """W plus k activations."""
+    return W.nbytes + k * ROW
+
+
+# ---------------------------------------------------------------- random state
+
+def _noisy_step(gen=None, first=True):
+    if not first:
+        torch.ones(1)
+    noise = torch.randn(64, 256, generator=gen)
+    hs = _chain(noise, 12)
+    return sum((h * noise).sum() for h in hs)
+
+
+@pytest.mark.parametrize("explicit", [False, True], ids=["default-generator", "generator="])
+@pytest.mark.parametrize("first", [True, False], ids=["first-op", "later-op"])
+def test_a_recomputed_random_factory_draws_what_it_drew(explicit, first):
+    """A random factory (the block's first op, or not; the default generator or the program's own) is
+    recomputed from the state its generator had right before it first ran."""
+    make = (lambda: torch.Generator().manual_seed(1)) if explicit else (lambda: None)
+    torch.manual_seed(0)
+    want = _noisy_step(make(), first)
+    torch.manual_seed(0)
+    with dtr.budget(_budget(6), cost_model="flops") as b:
+        got = _noisy_step(make(), first)
+    assert b.stats["remats"] > 0
+    assert torch.equal(got, want)
+
+
+def test_a_recomputation_leaves_the_programs_generators_as_they_were():
+    """Recomputing a random op restores the generator's state afterwards: the program's later draws
+    do not depend on whether (or when) dtr recomputed."""
+    g = torch.Generator().manual_seed(3)
+    torch.manual_seed(0)
+    want = (_noisy_step(g), torch.randn(8, generator=g), torch.randn(8))
+    g = torch.Generator().manual_seed(3)
+    torch.manual_seed(0)
+    with dtr.budget(_budget(6), cost_model="flops") as b:
+        got = (_noisy_step(g), torch.randn(8, generator=g), torch.randn(8))
+    assert b.stats["remats"] > 0
+    assert all(torch.equal(x, y) for x, y in zip(got, want))
+
+
+SAMPLERS = {
+    "dropout": lambda h, g: torch.nn.functional.dropout(h, 0.5, training=True),
+    "bernoulli_": lambda h, g: torch.empty_like(h).bernoulli_(0.5, generator=g) * h,
+    "normal_": lambda h, g: torch.empty_like(h).normal_(generator=g) + h,
+    "multinomial": lambda h, g: h[:, torch.multinomial(torch.ones(256), 256, replacement=True, generator=g)],
+    "randperm": lambda h, g: h[torch.randperm(64, generator=g)],
+    "rand_like": lambda h, g: torch.rand_like(h) * h,
+    "randint": lambda h, g: h + torch.randint(0, 3, h.shape, generator=g),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SAMPLERS))
+def test_every_sampling_op_is_recomputed_exactly(name):
+    """Sampling ops with the default generator or an explicit one, reseeded and forked in the block."""
+    def step(g):
+        h = torch.randn(64, 256)
+        out = []
+        for i in range(10):
+            if i == 4:
+                torch.manual_seed(11)
+            with torch.random.fork_rng(enabled=(i == 6)):
+                h = SAMPLERS[name](torch.tanh(h @ W), g)
+            out.append(h)
+        return sum(x.sum() for x in out)
+    torch.manual_seed(0)
+    want = step(torch.Generator().manual_seed(5))
+    torch.manual_seed(0)
+    with dtr.budget(_budget(5), cost_model="flops") as b:
+        got = step(torch.Generator().manual_seed(5))
+    assert b.stats["remats"] > 0
+    assert torch.equal(got, want)
+
+
+def test_every_aten_op_that_takes_a_generator_is_tagged_random():
+    """The runtime saves generator states for ops tagged nondeterministic_seeded (Note [Random ops])."""
+    untagged = []
+    for name in dir(torch.ops.aten):
+        packet = getattr(torch.ops.aten, name, None)
+        for overload in getattr(packet, "overloads", lambda: [])():
+            op = getattr(packet, overload)
+            if any("Generator" in str(a.type) for a in op._schema.arguments) and \
+                    torch.Tag.nondeterministic_seeded not in op.tags:
+                untagged.append(str(op))
+    assert not untagged
+
+
+# ---------------------------------------------------------- bytes that leave
+
+def _saved(t):
+    buf = io.BytesIO()
+    torch.save(t, buf)
+    buf.seek(0)
+    return torch.load(buf)
+
+
+ESCAPES = {
+    "torch.save": _saved,
+    "pickle": lambda t: pickle.loads(pickle.dumps(t)),
+    "deepcopy": copy.deepcopy,
+    "numpy": lambda t: torch.from_numpy(t.numpy().copy()),
+    "np.asarray": lambda t: torch.from_numpy(np.array(np.asarray(t))),
+    "to_dlpack": lambda t: torch.from_dlpack(torch.utils.dlpack.to_dlpack(t)).clone(),
+    "np.from_dlpack": lambda t: torch.from_numpy(np.from_dlpack(t).copy()),
+    "tolist": lambda t: torch.tensor(t.tolist()),
+    "storage": lambda t: torch.empty(0).set_(t.untyped_storage(), t.storage_offset(), t.shape, t.stride()),
+    "storage clone": lambda t: torch.empty(0).set_(t.untyped_storage().clone()).view(t.shape),
+}
+
+
+@pytest.mark.parametrize("how", sorted(ESCAPES))
+def test_evicted_tensors_leave_with_their_bytes(how):
+    """Every way out that reads a storage's bytes outside the dispatcher brings an evicted storage back
+    first (or pins it): save, pickle, deepcopy, NumPy, DLPack, storages."""
+    torch.manual_seed(0)
+    want = _chain(torch.randn(64, 256), 24)[::6]
+    torch.manual_seed(0)
+    with dtr.budget(_budget(12), cost_model="flops") as b:
+        hs = _chain(torch.randn(64, 256), 24)
+        kept = hs[::6]
+        del hs
+        evicted = sum(_storage(h).nbytes() == 0 for h in kept)
+        got = [ESCAPES[how](h) for h in kept]
+        del kept
+        _chain(torch.randn(64, 256), 24)  # more evictions: what escaped (a view of a storage) must stay
+    assert evicted > 0, "nothing was evicted: the test proves nothing"
+    assert all(torch.equal(g, w) for g, w in zip(got, want))
+
+
+def test_a_tensor_saved_inside_the_block_loads_after_it(tmp_path):
+    """torch.save of evicted tensors to a file inside the block, torch.load after it."""
+    torch.manual_seed(0)
+    want = _chain(torch.randn(64, 256), 24)[::8]
+    torch.manual_seed(0)
+    with dtr.budget(_budget(12), cost_model="flops"):
+        hs = _chain(torch.randn(64, 256), 24)
+        torch.save({"kept": hs[::8]}, tmp_path / "kept.pt")
+        del hs
+    got = torch.load(tmp_path / "kept.pt")["kept"]
+    assert all(torch.equal(g, w) for g, w in zip(got, want))
+
+
+# ------------------------------------------------------------------- layouts
+
+@pytest.mark.parametrize("layout", ["coo", "csr"])
+@pytest.mark.parametrize("write", [False, True], ids=["read-only", "written-in-place"])
+@pytest.mark.parametrize("limit", [None, 9, 12])
+def test_sparse_operands_are_exact_or_fail_cleanly(layout, write, limit):
+    """A sparse COO/CSR operand never crashes the runtime (with or without a budget); results are exact,
+    also when the sparse tensor is written in place after ops read it (or a clean budget error)."""
+    def step():
+        s = torch.eye(256) * 0.5
+        s = s.to_sparse() if layout == "coo" else s.to_sparse_csr()
+        hs = [torch.randn(64, 256, generator=torch.Generator().manual_seed(0))]
+        for i in range(16):
+            hs.append(torch.tanh(hs[-1] @ W + (s @ hs[-1].t()).t()))
+            if write and i == 8:
+                (s.values() if layout == "csr" else s).mul_(2.0)
+        return sum(h.sum() for h in reversed(hs))
+    want = step()
+    try:
+        with dtr.budget(None if limit is None else _budget(limit), cost_model="flops") as b:
+            got = step()
+    except dtr.OutOfBudgetError:
+        assert write and limit is not None  # pinning what the write would change costs memory
+        return
+    assert torch.equal(got, want)
+    if limit is not None and not write:
+        assert b.stats["remats"] > 0
+
+
+# --------------------------------------------------------- failed blocks
+
+def _rss_mib() -> float:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
+@pytest.mark.parametrize("error", ["out-of-budget", "thrashing", "program"])
+def test_caught_errors_keep_nothing_of_the_failed_block_alive(error):
+    """A loop that catches a failed block's error keeps nothing of it alive, without gc.collect()."""
+    w = torch.randn(512, 512) * 0.05
+    alive = []
+
+    def step():
+        hs = [torch.randn(256, 512)]
+        for _ in range(20):
+            hs.append(torch.tanh(hs[-1] @ w))
+            alive.append(weakref.ref(hs[-1]))
+        if error == "program":
+            raise KeyError("the program's own error")
+        if error == "thrashing":
+            return sum(h.sum() for h in reversed(hs))
+        return torch.ones(256 * 512 * 8) * hs[-1].sum()
+
+    limit = w.nbytes + (3 if error == "thrashing" else 6) * 256 * 512 * 4
+    kinds = {"out-of-budget": dtr.OutOfBudgetError, "thrashing": dtr.ThrashingError, "program": KeyError}
+    was_enabled = gc.isenabled()
+    gc.collect()
+    gc.disable()  # (only reference counting frees anything now)
+    try:
+        rss = []
+        for k in range(12):
+            try:
+                with dtr.budget(limit, cost_model="flops", thrash_limit=1.5):
+                    step()
+            except kinds[error]:
+                pass
+            rss.append(_rss_mib())
+            assert sum(r() is not None for r in alive) == 0, f"round {k}: tensors of a failed block are alive"
+        # 20 activations of 512 KiB leak 10 MiB per round: the RSS after round 2 must not keep growing.
+        assert rss[-1] - rss[2] < 8, rss
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def test_a_block_after_a_failed_one_counts_nothing_of_it():
+    """The failed block's tensors are not counted against the next block (they are gone)."""
+    w = torch.randn(256, 256)
+    for _ in range(3):
+        with pytest.raises(dtr.OutOfBudgetError):
+            with dtr.budget(w.nbytes + 4 * ROW, cost_model="flops"):
+                hs = [torch.randn(64, 256)]
+                for _ in range(8):
+                    hs.append(hs[-1] @ w)
+                torch.ones(64 * 256 * 8)
+        del hs
+    with dtr.budget(w.nbytes + 4 * ROW, cost_model="flops") as b:
+        y = torch.tanh(torch.randn(64, 256) @ w).sum()
+    assert b.stats["peak_bytes"] <= w.nbytes + 4 * ROW
+    assert torch.isfinite(y)
+
+
+# ------------------------------------------------------------- arguments
+
+@pytest.mark.parametrize("limit", [float("inf"), 2 ** 70, 1e30])
+def test_limits_past_any_memory_are_no_limit(limit):
+    with dtr.budget(limit, cost_model="flops") as b:
+        y = (torch.ones(8) * 2).sum()
+    assert y.item() == 16.0 and b.stats["budget_bytes"] is None
+
+
+@pytest.mark.parametrize("limit", ["1e400GiB", "1e19", -1, float("nan"), "6 parsecs"])
+def test_limits_that_are_not_sizes_are_budget_errors(limit):
+    with pytest.raises(dtr.errors.BudgetError):
+        dtr.budget(limit)
+
+
+@pytest.mark.parametrize("kwargs,error,words", [
+    (dict(heuristic=None), TypeError, "heuristic must be a name (dtr, eqclass"),
+    (dict(heuristic="nope"), ValueError, "valid: dtr, eqclass"),
+    (dict(thrash_limit="abc"), ValueError, "thrash_limit must be a number > 1"),
+    (dict(thrash_limit=1.0), ValueError, "thrash_limit must be a number > 1"),
+    (dict(seed=-1), ValueError, "seed must be an integer from 0"),
+    (dict(sample=-3), ValueError, "sample must be an integer from 0"),
+    (dict(sample=1.5), ValueError, "sample must be an integer from 0"),
+    (dict(device="gpu"), ValueError, "is not a device"),
+    (dict(cost_model="clock"), ValueError, "valid: time, flops"),
+])
+def test_bad_arguments_say_what_was_wrong(kwargs, error, words):
+    with pytest.raises(error) as e:
+        dtr.budget(None, **kwargs)
+    assert words in str(e.value)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a torch that sees no CUDA device")
+def test_a_device_this_torch_cannot_use_is_refused():
+    with pytest.raises(ValueError, match="device 'cuda' is not available"):
+        dtr.budget(None, device="cuda")
+
+
+def test_a_log_meta_that_is_not_json_writes_no_file(tmp_path):
+    path = tmp_path / "step.jsonl"
+    with pytest.raises(TypeError, match="log_meta must hold JSON values"):
+        with dtr.budget(None, log=path, log_meta={"model": object()}):
+            torch.ones(2) * 2
+    assert not path.exists()
