@@ -234,18 +234,14 @@ class Budget:
 
 
 def _limit_bytes(limit: Union[None, int, float, str]) -> Optional[int]:
-    """The budget in bytes, or None for no limit: an infinite one or one past 2**63 - 1 bytes is none.
+    """The budget in bytes, or None for no limit: a number of 2**63 bytes or more (``float("inf")``) is none.
 
     Raises:
-        BudgetError: ``limit`` is not a size.
+        BudgetError: ``limit`` is not a size (a string past 2**63 - 1 bytes says so).
     """
-    if limit is None or (isinstance(limit, float) and limit == math.inf):
+    if limit is None or (isinstance(limit, (int, float)) and not isinstance(limit, bool) and limit >= 2 ** 63):
         return None
-    try:
-        n = parse_bytes(limit)
-    except OverflowError:  # ("1e400 GiB": infinite)
-        return None
-    return None if n >= 2 ** 63 else n
+    return parse_bytes(limit)
 
 
 def _checked_device(device: Union[None, str, torch.device]) -> Optional[torch.device]:
@@ -292,7 +288,7 @@ def budget(limit: Union[None, int, str], *, heuristic: Union[str, Heuristic] = "
     Args:
         limit: bytes, a string such as ``"6GiB"`` or ``"500MB"`` (KiB/MiB/GiB
             1024-based, KB/MB/GB 1000-based), or None (no limit: track and
-            record). ``float("inf")`` and sizes of 2**63 bytes or more are no limit too.
+            record). A number of 2**63 bytes or more (``float("inf")``) is no limit too.
         heuristic: a registered heuristic name (``eqclass``, ``dtr``, ``local``,
             ``lru``, ``largest``, ``random``, ``eqclass-split``) or a :class:`dtr.Heuristic`.
         log: write the block's ops as a v1 log to this path (``.gz`` compresses).
