@@ -258,6 +258,31 @@ def test_caught_errors_keep_nothing_of_the_failed_block_alive(error):
             gc.enable()
 
 
+def test_a_kept_error_keeps_none_of_dtrs_state():
+    """A program that keeps the budget error (to log it, say) keeps its own frames, not dtr's: the
+    traceback's dtr frames are cleared, so the mode, its core and recipes go with the block."""
+    w = torch.randn(256, 256)
+    with dtr.budget(None):  # (the process's first block: torch.compiler.set_stance imports lazily then)
+        torch.ones(2) * 2
+    was_enabled = gc.isenabled()
+    gc.collect()
+    gc.disable()
+    try:
+        with pytest.raises(dtr.OutOfBudgetError) as kept:
+            with dtr.budget(w.nbytes + 4 * ROW, cost_model="flops") as b:
+                hs = [torch.randn(64, 256)]
+                for _ in range(8):
+                    hs.append(hs[-1] @ w)
+                torch.ones(64 * 256 * 8)
+        mode = weakref.ref(b._mode)
+        del b, hs
+        assert kept.value.__traceback__ is not None
+        assert mode() is None, "the kept exception keeps dtr's mode (and its core) alive"
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
 def test_a_block_after_a_failed_one_counts_nothing_of_it():
     """The failed block's tensors are not counted against the next block (they are gone)."""
     w = torch.randn(256, 256)
@@ -319,3 +344,26 @@ def test_a_log_meta_that_is_not_json_writes_no_file(tmp_path):
         with dtr.budget(None, log=path, log_meta={"model": object()}):
             torch.ones(2) * 2
     assert not path.exists()
+
+
+# ------------------------------------------------------------------- set_
+
+def test_a_tensor_rebound_to_an_activation_by_set_views_it():
+    """``y.set_(h)`` makes y view h's storage: no bytes are written, so it is a view, not a new version
+    (taken as a write, two versions shared one storage and evicting one emptied the other)."""
+    def step():
+        hs = _chain(torch.randn(64, 256), 16)
+        views = []
+        for h in hs[::3]:
+            y = torch.empty(0)
+            y.set_(h)
+            views.append(y)
+        del hs
+        return [v * 1.0 for v in _chain(torch.randn(64, 256), 16) and views]
+    torch.manual_seed(0)
+    want = step()
+    torch.manual_seed(0)
+    with dtr.budget(_budget(10), cost_model="flops") as b:
+        got = step()
+    assert b.stats["evictions"] > 0
+    assert all(torch.equal(g, w) for g, w in zip(got, want))
