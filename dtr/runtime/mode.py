@@ -377,7 +377,7 @@ class DTRMode(TorchDispatchMode):
         self.remat_seconds = 0.0
         self.ops_seen = 0
         self.versions: Dict[int, int] = {}          # core tensor -> in-place versions behind it
-        self._opaque_readers: Dict[int, List[int]] = {}  # id of a non-strided tensor -> core tensors read from it
+        self._opaque_readers: Dict[Any, List[int]] = {}  # _opaque_keys of a non-strided tensor -> core tensors read from it
         self._ops_at_gc = 0
         self._live_after_gc = 0
         self._collected_after_compact = 0   # collected storages the core kept at the last compaction
