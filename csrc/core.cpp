@@ -31,6 +31,7 @@ int Core::new_op(const std::vector<int>& inputs, const std::vector<int64_t>& siz
       throw std::invalid_argument("input tensor " + std::to_string(u) + " was collected");
   }
   const int op_id = int(ops_.size());
+  note_cost(cost, sizes.size());
   Op op;
   op.cost = cost;
   op.inputs = inputs;
@@ -62,6 +63,7 @@ int Core::new_op(const std::vector<int>& inputs, const std::vector<int64_t>& siz
       s.full_dirty = true;
       // (An alias output on an evicted storage: an exact component's value follows.)
       if (cfg_.eqclass_split && s.uf >= 0) uf_[uf_find(s.uf)].value += cost;
+      else if (s.uf >= 0 && cost > 0) uf_deficient_ = true;  // its root misses this cost: no bounds (Note [Choosing without scanning])
     }
     for (int u : inputs) {
       int su = tensors_[u].storage;
@@ -166,6 +168,7 @@ double Core::change_cost(int op_id, double cost, bool in_progress) {
   if (cost == op.cost) return 0.0;
   const double delta = cost - op.cost;
   op.cost = cost;
+  note_cost(cost, op.outputs.size());
   std::vector<int> seen;
   for (int t : op.outputs) {
     const int sid = tensors_[t].storage;
@@ -175,6 +178,8 @@ double Core::change_cost(int op_id, double cost, bool in_progress) {
     s.cost += delta;
     s.full_dirty = true;
     if (s.uf >= 0) uf_[uf_find(s.uf)].value += delta;
+    if (s.uf >= 0 && delta < 0) bt_walk(uf_find(s.uf));
+    bt_touch_nbrs(sid);
     if (!in_progress && cfg_.cost == CostMode::Full && !s.resident && !s.banished) dirty_frontier(sid);
   }
   return delta;
@@ -220,12 +225,18 @@ void Core::end_call(int op_id, double cost) {
     compute(op.outputs[0], /*remat=*/false);
     for (int p : op.inputs)
       if (storages_[tensors_[p].storage].banish_pending) try_banish(tensors_[p].storage);
-    for (int t : op.outputs) storages_[tensors_[t].storage].last_access = clock_;
+    for (int t : op.outputs) {
+      storages_[tensors_[t].storage].last_access = clock_;
+      bt_touch(tensors_[t].storage);
+    }
     return;
   }
   compute(op.outputs[0], /*remat=*/false);
   finish(op_id, /*remat=*/false);
-  for (int t : op.outputs) storages_[tensors_[t].storage].last_access = clock_;
+  for (int t : op.outputs) {
+    storages_[tensors_[t].storage].last_access = clock_;
+    bt_touch(tensors_[t].storage);
+  }
 }
 
 // Note [Ops without outputs]
@@ -565,6 +576,14 @@ Core::Remap Core::compact() {
   storages_ = std::move(storages);
   uf_ = std::move(uf);
   for (int& s : pool_) s = r.storages[s];
+  if (bt_on_) {  // ids changed: the next choice builds the tree again
+    bt_on_ = false;
+    for (Storage& st : storages_) st.bt_slot = -1, st.bt_dirty = false;
+    bt_dirty_.clear();
+    bt_sid_.clear(), bt_k_.clear(), bt_p_.clear(), bt_m_.clear(), bt_a_.clear();
+    uf_front_.clear();
+    bt_cap_ = bt_used_ = 0;
+  }
   num_collected_ = 0;
   for (Storage& st : storages_) {
     num_collected_ += st.collected;
@@ -781,7 +800,10 @@ void Core::pin(int t) {
 // stack of frames rather than C++ recursion.
 
 void Core::touch_parents(int op_id) {
-  for (int p : ops_[op_id].inputs) storages_[tensors_[p].storage].last_access = clock_;
+  for (int p : ops_[op_id].inputs) {
+    storages_[tensors_[p].storage].last_access = clock_;
+    bt_touch(tensors_[p].storage);
+  }
 }
 
 // Note [Deepest input first]
@@ -989,6 +1011,7 @@ void Core::compute(int t, bool remat) {
     tensors_[u].defined = true;
   }
   for (int sid : fresh) {
+    bt_touch_nbrs(sid);  // it counts in no neighbour's bound any more (Note [Choosing without scanning])
     after_remat(sid);
     pool_add(sid);
   }
@@ -1018,6 +1041,7 @@ void Core::pool_add(int sid) {
   s.pool_pos = int(pool_.size());
   s.pool_seq = next_seq_++;
   pool_.push_back(sid);
+  bt_insert(sid);
 }
 
 void Core::pool_remove(int sid) {
@@ -1028,24 +1052,12 @@ void Core::pool_remove(int sid) {
   storages_[last].pool_pos = s.pool_pos;
   pool_.pop_back();
   s.pool_pos = -1;
+  bt_erase(sid);
 }
 
 double Core::raw_score(int sid) {
-  Storage& s = storages_[sid];
-  c_.storage_accesses += 1;
   c_.heuristic_evals += 1;
-  double c = 1.0;
-  switch (cfg_.cost) {
-    case CostMode::None: break;
-    case CostMode::Local: c = s.cost; break;
-    case CostMode::EqClass: c = s.cost + eqclass_cost(sid); break;
-    case CostMode::Full: c = s.cost + full_cost(sid); break;
-  }
-  double d = 1.0;
-  if (cfg_.use_size) d *= double(s.size);
-  if (cfg_.use_staleness) d *= clock_ - s.last_access;
-  if (!(d > 0)) return kInf;
-  return c / d;
+  return eval_score(sid);
 }
 
 double Core::score(int sid) { return raw_score(sid); }
@@ -1071,6 +1083,8 @@ int Core::choose() {
     std::uniform_int_distribution<int> dist(0, n - 1);
     return pool_[dist(rng_)];
   }
+  bt_sync();
+  if (bt_on_) return choose_bounded();
   int best = -1, zero = -1;
   double best_score = kInf;
   uint64_t best_seq = 0, zero_seq = 0;
@@ -1089,6 +1103,341 @@ int Core::choose() {
   } else {
     for (int k = 0; k < n; ++k) consider(pool_[k]);
   }
+  return zero >= 0 ? zero : best;
+}
+
+// Note [Choosing without scanning]
+// choose() must return exactly the storage a scan of the whole pool would (the
+// earliest zero score, else the least score, ties to the latest entry), but a
+// scan costs O(pool) per eviction, so a replay whose pool grows with the log
+// (a long chain keeping half its outputs) is quadratic, whatever the cost
+// term: the scan, not the union-find, was the superlinear part. Scores cannot
+// be kept sorted: stale(S) grows with the clock and c(S) with evictions far
+// away, so their order changes all the time. Instead the pool members are the
+// leaves of a min-tree (slots in order of last access; an access moves a
+// member to a fresh slot at the end, a rebuild compacts the slots) whose nodes
+// hold lower bounds over their leaves: of c(S)/m(S), and the least last access
+// a. Then bound/(clock - a) is at most the score of every leaf below the node,
+// and a branch-and-bound search (smaller bound first) skips a node whose bound
+// is above the best score found so far (above 0 once a zero is found: an equal
+// bound may hide a tie that wins on its sequence number). The choice is the
+// scan's; only the storages it cannot rule out are scored.
+//
+// The bounds of c(S)/m(S): for local and none, exact; for eqclass, the larger
+// of two. (1) cost(S) + the costs of its distinct evicted neighbours with a
+// node (each of their components' value holds its members' costs), from S and
+// its neighbours alone: whatever changes a neighbour (it comes back, leaves
+// its component or is evicted, a cost changes) queues S's leaf
+// (bt_touch_nbrs), and queued leaves are recomputed before the next choice.
+// (2) The exact c(S) when last computed (the potential, bt_p): component
+// values only grow by merging, so it stays a lower bound until a component
+// next to S loses value (a member is recomputed, collected or banished, a
+// cost falls, a split). For that, each component root lists the pool members
+// whose potential counts its value (bt_register; the lists follow merges,
+// smaller into larger, and may hold stale entries); a root whose value falls
+// queues every member of its list (bt_walk), which registers again when
+// recomputed. A scored leaf gets its exact c as potential, so a storage next
+// to a big component is not scored again and again. A bound may be stale,
+// never too high (Core::check() verifies both).
+//
+// The bounds must hold for the floating-point scores, not only the real ones:
+// divisions are rounded down and the node bound is shrunk by a margin far
+// above the few roundings of a score. The eqclass sums must be exact, which
+// they are while every cost is a multiple of 2^-cost_bits_ and no sum can
+// reach 2^52 at that grid (note_cost: integer and 1/8 costs, the usual ones,
+// qualify), and while every component's value holds its members' costs:
+// simrd's components (no eqclass_split) miss the cost of an alias output added
+// to an evicted storage (new_op), and after that (uf_deficient_), off the
+// grid, with random choice or sampling, and for dtr (whose e* walks cost more
+// than the scan; its bound would be cost(S) alone), choose() scans as before.
+// heuristic_evals still counts the whole pool, the paper's count of the
+// policy's evaluations (and the reference core's); storage_accesses counts
+// what is really touched (tree nodes, scored storages, neighbours, lists).
+
+bool Core::bounds_exact() const {
+  if (cfg_.random || cfg_.sample > 0 || cfg_.cost == CostMode::Full) return false;
+  if (cfg_.cost != CostMode::EqClass) return true;
+  return !uf_deficient_ && cost_bits_ < 1000 && std::ldexp(cost_total_, cost_bits_) < 4503599627370496.0;  // 2^52
+}
+
+void Core::bt_register(int sid) {
+  const Storage& s = storages_[sid];
+  if (s.uf_nbrs == 0) return;
+  int roots[8];
+  int nroots = 0;
+  for (int dir = 0; dir < 2; ++dir)
+    for (int n : dir == 0 ? s.deps : s.dependents) {
+      const Storage& ns = storages_[n];
+      if (ns.resident || ns.uf < 0) continue;
+      const int r = uf_find(ns.uf);
+      bool seen = false;
+      for (int k = 0; k < nroots && !seen; ++k) seen = roots[k] == r;
+      if (seen) continue;
+      if (nroots < 8) roots[nroots++] = r;
+      if (int(uf_front_.size()) <= r) uf_front_.resize(uf_.size());
+      uf_front_[r].push_back(sid);  // (a duplicate beyond 8 roots is harmless)
+    }
+}
+
+void Core::bt_walk(int root) {
+  if (!bt_on_ || cfg_.cost != CostMode::EqClass || root >= int(uf_front_.size())) return;
+  std::vector<int> list;
+  list.swap(uf_front_[root]);
+  for (int sid : list) {
+    c_.storage_accesses += 1;
+    bt_touch(sid);  // its bound is recomputed, and it registers again, before the next choice
+  }
+}
+
+void Core::bt_note(int sid, double c) {
+  Storage& s = storages_[sid];
+  const double m = cfg_.use_size ? double(s.size) : 1.0;
+  if (!(m > 0)) {  // every score is infinite (and a NaN here would poison the tree's minima)
+    s.bt_p = kInf;
+    return;
+  }
+  const double p = c / m;  // c is exact (see bounds_exact())
+  s.bt_p = p > 0 ? std::nextafter(p, 0.0) : p;
+}
+
+void Core::note_cost(double cost, size_t storages) {
+  int b = 0;
+  while (b < 1100 && std::ldexp(cost, b) != std::floor(std::ldexp(cost, b))) ++b;
+  cost_bits_ = std::max(cost_bits_, b);
+  cost_total_ += cost * double(storages + 1);
+}
+
+double Core::eval_score(int sid) {
+  Storage& s = storages_[sid];
+  c_.storage_accesses += 1;
+  double c = 1.0;
+  switch (cfg_.cost) {
+    case CostMode::None: break;
+    case CostMode::Local: c = s.cost; break;
+    case CostMode::EqClass: s.bt_c = eqclass_cost(sid); c = s.cost + s.bt_c; break;
+    case CostMode::Full: c = s.cost + full_cost(sid); break;
+  }
+  double d = 1.0;
+  if (cfg_.use_size) d *= double(s.size);
+  if (cfg_.use_staleness) d *= clock_ - s.last_access;
+  if (!(d > 0)) return kInf;
+  return c / d;
+}
+
+double Core::bt_key(int sid) {
+  const Storage& s = storages_[sid];
+  double c = 1.0;
+  if (cfg_.cost == CostMode::Local || cfg_.cost == CostMode::Full) c = s.cost;
+  if (cfg_.cost == CostMode::EqClass) {
+    c = s.cost;
+    if (s.uf_nbrs > 0) {
+      const uint64_t mark = ++stamp_;
+      for (int dir = 0; dir < 2; ++dir)
+        for (int n : dir == 0 ? s.deps : s.dependents) {
+          Storage& ns = storages_[n];
+          c_.storage_accesses += 1;
+          if (ns.resident || ns.uf < 0 || ns.mark == mark) continue;
+          ns.mark = mark;
+          c += ns.cost;
+        }
+    }
+  }
+  const double m = cfg_.use_size ? double(s.size) : 1.0;
+  if (!(m > 0)) return kInf;  // every score is infinite
+  const double k = c / m;
+  return k > 0 ? std::nextafter(k, 0.0) : k;
+}
+
+void Core::bt_set(int slot, int sid) {
+  int i = bt_cap_ + slot;
+  bt_sid_[slot] = sid;
+  bt_k_[i] = sid < 0 ? kInf : storages_[sid].bt_k;
+  bt_p_[i] = sid < 0 ? kInf : storages_[sid].bt_p;
+  bt_m_[i] = sid < 0 ? kInf : cfg_.use_size ? double(storages_[sid].size) : 1.0;
+  bt_a_[i] = sid < 0 ? kInf : storages_[sid].last_access;
+  for (i >>= 1; i >= 1; i >>= 1) {
+    bt_k_[i] = std::min(bt_k_[2 * i], bt_k_[2 * i + 1]);
+    bt_p_[i] = std::min(bt_p_[2 * i], bt_p_[2 * i + 1]);
+    bt_m_[i] = std::min(bt_m_[2 * i], bt_m_[2 * i + 1]);
+    bt_a_[i] = std::min(bt_a_[2 * i], bt_a_[2 * i + 1]);
+  }
+}
+
+void Core::bt_rebuild() {
+  std::vector<int> live;
+  for (int k = 0; k < bt_used_; ++k)
+    if (bt_sid_[k] >= 0) live.push_back(bt_sid_[k]);
+  int cap = 16;
+  while (cap < 2 * int(live.size()) + 2) cap *= 2;
+  bt_cap_ = cap;
+  bt_used_ = int(live.size());
+  bt_sid_.assign(cap, -1);
+  bt_k_.assign(2 * cap, kInf);
+  bt_p_.assign(2 * cap, kInf);
+  bt_m_.assign(2 * cap, kInf);
+  bt_a_.assign(2 * cap, kInf);
+  for (int k = 0; k < bt_used_; ++k) {
+    const int sid = live[k];
+    storages_[sid].bt_slot = k;
+    bt_sid_[k] = sid;
+    bt_k_[cap + k] = storages_[sid].bt_k;
+    bt_p_[cap + k] = storages_[sid].bt_p;
+    bt_m_[cap + k] = cfg_.use_size ? double(storages_[sid].size) : 1.0;
+    bt_a_[cap + k] = storages_[sid].last_access;
+  }
+  for (int i = cap - 1; i >= 1; --i) {
+    bt_k_[i] = std::min(bt_k_[2 * i], bt_k_[2 * i + 1]);
+    bt_p_[i] = std::min(bt_p_[2 * i], bt_p_[2 * i + 1]);
+    bt_m_[i] = std::min(bt_m_[2 * i], bt_m_[2 * i + 1]);
+    bt_a_[i] = std::min(bt_a_[2 * i], bt_a_[2 * i + 1]);
+  }
+}
+
+void Core::bt_insert(int sid) {
+  if (!bt_on_) return;
+  if (bt_used_ >= bt_cap_) bt_rebuild();
+  Storage& s = storages_[sid];
+  s.bt_slot = bt_used_++;
+  s.bt_k = 0;  // valid bounds until bt_flush() computes them
+  s.bt_p = -kInf;
+  bt_set(s.bt_slot, sid);
+  s.bt_dirty = false;
+  bt_touch(sid);
+}
+
+void Core::bt_erase(int sid) {
+  Storage& s = storages_[sid];
+  if (s.bt_slot < 0) return;
+  bt_set(s.bt_slot, -1);
+  s.bt_slot = -1;
+}
+
+void Core::bt_touch(int sid) {
+  if (!bt_on_) return;
+  Storage& s = storages_[sid];
+  if (s.bt_slot < 0 || s.bt_dirty) return;
+  s.bt_dirty = true;
+  bt_dirty_.push_back(sid);
+}
+
+void Core::bt_touch_nbrs(int sid) {
+  if (!bt_on_) return;
+  bt_touch(sid);
+  if (cfg_.cost != CostMode::EqClass) return;  // other bounds do not read the neighbours
+  for (int dir = 0; dir < 2; ++dir)
+    for (int n : dir == 0 ? storages_[sid].deps : storages_[sid].dependents) {
+      c_.storage_accesses += 1;
+      bt_touch(n);
+    }
+}
+
+void Core::bt_flush() {
+  for (size_t q = 0; q < bt_dirty_.size(); ++q) {
+    const int sid = bt_dirty_[q];
+    Storage& s = storages_[sid];
+    s.bt_dirty = false;
+    if (s.bt_slot < 0) continue;
+    s.bt_k = bt_key(sid);
+    if (cfg_.cost == CostMode::EqClass) {
+      bt_note(sid, s.cost + eqclass_cost(sid));
+      bt_register(sid);
+    }
+    if (bt_a_[bt_cap_ + s.bt_slot] != s.last_access) {  // accessed: a fresh slot keeps the slots in access order
+      bt_set(s.bt_slot, -1);
+      if (bt_used_ >= bt_cap_) {
+        s.bt_slot = -1;
+        bt_rebuild();
+      }
+      s.bt_slot = bt_used_++;
+    }
+    bt_set(s.bt_slot, sid);
+  }
+  bt_dirty_.clear();
+}
+
+void Core::bt_sync() {
+  const bool want = bounds_exact();
+  if (want == bt_on_) return;
+  for (Storage& s : storages_) {
+    s.bt_slot = -1;
+    s.bt_dirty = false;
+  }
+  bt_dirty_.clear();
+  bt_sid_.clear();
+  bt_k_.clear();
+  bt_p_.clear();
+  bt_m_.clear();
+  bt_a_.clear();
+  bt_cap_ = bt_used_ = 0;
+  uf_front_.clear();
+  bt_on_ = want;
+  if (!want) return;
+  std::vector<int> order(pool_);
+  std::sort(order.begin(), order.end(), [&](int x, int y) {
+    const Storage &a = storages_[x], &b = storages_[y];
+    return a.last_access != b.last_access ? a.last_access < b.last_access : a.pool_seq < b.pool_seq;
+  });
+  for (int sid : order) {
+    storages_[sid].bt_k = bt_key(sid);
+    storages_[sid].bt_p = -kInf;
+    if (cfg_.cost == CostMode::EqClass) {
+      bt_note(sid, storages_[sid].cost + eqclass_cost(sid));
+      bt_register(sid);
+    }
+    bt_sid_.push_back(sid);
+    bt_used_ += 1;
+  }
+  bt_rebuild();
+}
+
+int Core::choose_bounded() {
+  bt_flush();
+  c_.heuristic_evals += int64_t(pool_.size());
+  int best = -1, zero = -1;
+  double best_score = kInf;
+  uint64_t best_seq = 0, zero_seq = 0;
+  const double clock = clock_;
+  const bool stale = cfg_.use_staleness;
+  const bool pot = cfg_.cost == CostMode::EqClass;
+  auto bound = [&](int i) {
+    double b = pot ? std::max(bt_k_[i], bt_p_[i]) : bt_k_[i];  // both bound c/m of every leaf below
+    if (stale) {
+      const double dt = clock - bt_a_[i];
+      b = dt > 0 ? b / dt : kInf;
+    }
+    return b * (1 - 1e-12);
+  };
+  auto visit = [&](auto& self, int i, double b) -> void {
+    c_.storage_accesses += 1;
+    if (bt_a_[i] == kInf) return;  // no leaf below
+    if ((zero >= 0 && b > 0) || (best >= 0 && b > best_score)) return;
+    if (i >= bt_cap_) {
+      const int sid = bt_sid_[i - bt_cap_];
+      const double sc = eval_score(sid);
+      if (pot) {  // a tighter bound for the next choices
+        Storage& s = storages_[sid];
+        const double before = s.bt_p;
+        bt_note(sid, s.cost + s.bt_c);
+        if (s.bt_p != before) bt_set(i - bt_cap_, sid);
+      }
+      const uint64_t seq = storages_[sid].pool_seq;
+      if (sc == 0) {
+        if (zero < 0 || seq < zero_seq) { zero = sid; zero_seq = seq; }
+      } else if (best < 0 || sc < best_score || (sc == best_score && seq > best_seq)) {
+        best = sid; best_score = sc; best_seq = seq;
+      }
+      return;
+    }
+    const double bl = bound(2 * i), br = bound(2 * i + 1);
+    if (br < bl) {
+      self(self, 2 * i + 1, br);
+      self(self, 2 * i, bl);
+    } else {
+      self(self, 2 * i, bl);
+      self(self, 2 * i + 1, br);
+    }
+  };
+  visit(visit, 1, bound(1));
   return zero >= 0 ? zero : best;
 }
 
@@ -1113,6 +1462,7 @@ void Core::evict(int sid, bool by_heuristic) {
     merge_with(storages_[sid].deps);
     merge_with(storages_[sid].dependents);
     count_uf_nbrs(sid, +1);
+    bt_touch_nbrs(sid);  // their bounds grow
   }
   if (cfg_.cost == CostMode::Full) dirty_frontier(sid);
   if (on_evict) on_evict(sid, by_heuristic);  // (a replay's trace skips a handed storage: reported already)
@@ -1199,6 +1549,14 @@ void Core::uf_merge(int a, int b) {
   if (ra == rb) return;
   uf_[ra].parent = rb;
   uf_[rb].value += uf_[ra].value;
+  if (ra < int(uf_front_.size()) && !uf_front_[ra].empty()) {  // the bound tree's registrations follow (smaller into larger)
+    if (int(uf_front_.size()) <= rb) uf_front_.resize(uf_.size());
+    std::vector<int>& from = uf_front_[ra];
+    std::vector<int>& to = uf_front_[rb];
+    if (from.size() > to.size()) from.swap(to);
+    to.insert(to.end(), from.begin(), from.end());
+    std::vector<int>().swap(from);
+  }
 }
 
 void Core::count_uf_nbrs(int sid, int delta) {
@@ -1253,6 +1611,7 @@ void Core::count_uf_nbrs(int sid, int delta) {
 void Core::uf_leave(int sid) {
   Storage& s = storages_[sid];
   if (s.uf < 0) return;
+  bt_touch_nbrs(sid);
   const int root = uf_find(s.uf);
   const double cost = s.cost;
   const int nbr_edges = s.uf_nbrs;
@@ -1260,6 +1619,7 @@ void Core::uf_leave(int sid) {
   count_uf_nbrs(sid, -1);
   if (!cfg_.eqclass_split || nbr_edges <= 1) {
     uf_[root].value -= cost;  // simrd's splitting over-approximation (exact for a leaf)
+    bt_walk(root);
     return;
   }
   // One search per distinct member neighbour (a seed), run in lockstep, one
@@ -1277,6 +1637,7 @@ void Core::uf_leave(int sid) {
   const int k = int(seeds.size());
   if (k <= 1) {
     uf_[root].value -= cost;
+    bt_walk(root);
     return;
   }
   std::vector<std::vector<int>> stack(k), members(k);
@@ -1350,6 +1711,7 @@ void Core::uf_leave(int sid) {
   }
   if (keep >= 0 && pending[keep] == 0) uf_[root].value = sum[keep];  // all pieces finished: exact sum
   else uf_[root].value -= cost + split_off;
+  bt_walk(root);  // the pieces split off have fresh roots: their neighbours register there again
 }
 
 void Core::uf_leave_all(const std::vector<int>& sids) {
@@ -1361,9 +1723,11 @@ void Core::uf_leave_all(const std::vector<int>& sids) {
   for (int sid : sids) {
     Storage& s = storages_[sid];
     if (s.uf < 0) continue;
+    bt_touch_nbrs(sid);
     s.uf = -1;
     count_uf_nbrs(sid, -1);
   }
+  for (int sid : pool_) bt_touch(sid);  // components are rebuilt: any value may fall, so refresh every bound
   for (int sid : sids) {  // the members next to a leaver reach every member left in its component
     for (int n : storages_[sid].deps)
       if (storages_[n].uf >= 0) seeds.push_back(n);
@@ -1660,6 +2024,50 @@ void Core::check() const {
       if (std::abs(uf_[r].value - sum[r]) > 1e-9 * scale)
         fail("eqclass component of storage " + std::to_string(sid) + ": value " + std::to_string(uf_[r].value) +
              " != sum of its members' costs " + std::to_string(sum[r]));
+    }
+  }
+  // The bound tree (Note [Choosing without scanning]): every pool member has
+  // its leaf, and a leaf not queued for a refresh holds no more than its bound.
+  if (bt_on_) {
+    int leaves = 0;
+    for (int k = 0; k < bt_used_; ++k) leaves += bt_sid_[k] >= 0;
+    if (leaves != int(pool_.size())) fail("bound tree has " + std::to_string(leaves) + " leaves, pool " +
+                                          std::to_string(pool_.size()));
+    for (int sid : pool_) {
+      const Storage& s = storages_[sid];
+      if (s.bt_slot < 0 || s.bt_slot >= bt_used_ || bt_sid_[s.bt_slot] != sid)
+        fail("pool storage " + std::to_string(sid) + " has no leaf in the bound tree");
+      if (s.bt_dirty) continue;
+      double c = cfg_.cost == CostMode::None ? 1.0 : s.cost;
+      if (cfg_.cost == CostMode::EqClass) {
+        std::vector<int> seen;
+        for (int dir = 0; dir < 2; ++dir)
+          for (int n : dir == 0 ? s.deps : s.dependents) {
+            const Storage& ns = storages_[n];
+            if (ns.resident || ns.uf < 0 || contains(seen, n)) continue;
+            seen.push_back(n);
+            c += ns.cost;
+          }
+      }
+      const double m = cfg_.use_size ? double(s.size) : 1.0;
+      const double k = m > 0 ? c / m : kInf;
+      if (bt_k_[bt_cap_ + s.bt_slot] > k || bt_a_[bt_cap_ + s.bt_slot] > s.last_access)
+        fail("bound tree leaf of storage " + std::to_string(sid) + " is above its bound");
+      if (cfg_.cost == CostMode::EqClass && m > 0) {  // its potential, less what values lost since
+        double e = s.cost;
+        std::vector<int> roots;
+        for (int dir = 0; dir < 2; ++dir)
+          for (int n : dir == 0 ? s.deps : s.dependents) {
+            const Storage& ns = storages_[n];
+            if (ns.resident || ns.uf < 0) continue;
+            const int r = uf_root(ns.uf);
+            if (contains(roots, r)) continue;
+            roots.push_back(r);
+            e += uf_[r].value;
+          }
+        if (s.bt_p * m > e)
+          fail("bound tree potential of storage " + std::to_string(sid) + " is above its cost");
+      }
     }
   }
 }

@@ -287,6 +287,11 @@ class Core {
     double full_cost = 0;         // cached e* cost (Full mode)
     bool full_dirty = true;
     uint64_t mark = 0;            // DFS stamp
+    int bt_slot = -1;             // its leaf in the bound tree while in the pool (Note [Choosing without scanning])
+    double bt_k = 0;              // its leaf's bound of c(S)/m(S) from S and its neighbours alone
+    double bt_p = -std::numeric_limits<double>::infinity();  // eqclass: c(S) / m(S) when last computed, rounded down
+    double bt_c = 0;              // eqclass: the term eval_score() found last
+    bool bt_dirty = false;        // queued in bt_dirty_: its leaf is refreshed before the next choice
   };
   struct UFNode {
     int parent;
@@ -305,6 +310,20 @@ class Core {
   int num_collected_ = 0;       // storages with `collected` set
   uint64_t stamp_ = 0;
   std::mt19937_64 rng_;
+  // The bound tree (Note [Choosing without scanning]): a min-tree over slots
+  // in pool order, each leaf one pool member; a node holds the least bound
+  // of c/m and the least last access below it.
+  bool bt_on_ = false;          // maintained (the heuristic scans the whole pool and bounds are exact)
+  bool uf_deficient_ = false;   // eqclass without splitting gave a member cost its root does not hold
+  int cost_bits_ = 0;           // fractional bits every cost fits in so far
+  double cost_total_ = 0;       // an upper bound on any sum of costs (exact sums while < 2^53 at cost_bits_)
+  int bt_cap_ = 0, bt_used_ = 0;
+  std::vector<int> bt_sid_;     // slot -> storage (-1: empty)
+  std::vector<double> bt_k_, bt_p_, bt_m_, bt_a_;  // heap-ordered nodes (1-based, leaves at bt_cap_ + slot)
+  // eqclass: per component root, the pool members whose leaf bound counts its
+  // value (stale entries allowed); a root whose value falls touches them.
+  std::vector<std::vector<int>> uf_front_;
+  std::vector<int> bt_dirty_;
 
   int new_op(const std::vector<int>& inputs, const std::vector<int64_t>& sizes, const std::vector<int>& alias_of,
              double cost);
@@ -340,6 +359,23 @@ class Core {
   void uf_leave_all(const std::vector<int>& sids);
   void uf_rebuild(const std::vector<int>& seeds);
   double change_cost(int op_id, double cost, bool in_progress);
+  // Bound tree (Note [Choosing without scanning]).
+  double eval_score(int s);     // raw_score without counting a heuristic evaluation
+  int choose_bounded();
+  void note_cost(double cost, size_t storages);
+  bool bounds_exact() const;
+  void bt_sync();               // turn the tree on or off to match bounds_exact() and the config
+  void bt_rebuild();
+  double bt_key(int s);         // a lower bound of c(S)/m(S) from S and its neighbours alone
+  void bt_note(int s, double c);  // eqclass: S's c(S) is `c` now (rounded-down potential for its leaf)
+  void bt_register(int s);      // eqclass: list S at each component root next to it
+  void bt_walk(int root);       // eqclass: the root's value fell: refresh the bounds that count it
+  void bt_set(int slot, int sid);
+  void bt_insert(int s);
+  void bt_erase(int s);
+  void bt_touch(int s);         // refresh S's leaf before the next choice
+  void bt_touch_nbrs(int s);    // ... and those of its neighbours
+  void bt_flush();
 };
 
 }  // namespace dtr
