@@ -196,3 +196,28 @@ def test_recorded_cuda_log_replays_to_the_same_decisions(tmp_path):
     r = replay(path, "eqclass", limit, thrash_limit=float("inf"))
     assert r.status == "ok"
     assert (r.evictions, r.remats, r.peak_bytes) == (b.stats["evictions"], b.stats["remats"], b.stats["peak_bytes"])
+
+
+@pytest.mark.parametrize("explicit", [False, True], ids=["default-generator", "generator="])
+def test_random_ops_on_cuda_recompute_what_they_drew(explicit):
+    """CUDA's generators (philox seed and offset): a random factory as the block's first op, an explicit
+    torch.Generator on the device, dropout and an in-place sampler, reseeded in the block."""
+    w = torch.randn(512, 512, device="cuda") * 0.05
+
+    def step():
+        g = torch.Generator(device="cuda").manual_seed(3) if explicit else None
+        noise = torch.randn(256, 512, device="cuda", generator=g)
+        hs = [noise]
+        for i in range(16):
+            if i == 8:
+                torch.cuda.manual_seed(5)
+            h = F.dropout(torch.tanh(hs[-1] @ w), 0.3, training=True)
+            hs.append(torch.empty_like(h).bernoulli_(0.5, generator=g) * h)
+        return sum((h * noise).sum() for h in reversed(hs))
+    torch.cuda.manual_seed(0)
+    want = step()
+    torch.cuda.manual_seed(0)
+    with dtr.budget(w.nbytes + 6 * 256 * 512 * 4, cost_model="flops") as b:
+        got = step()
+    assert b.stats["remats"] > 0
+    assert torch.equal(got, want)

@@ -251,8 +251,9 @@ def test_caught_errors_keep_nothing_of_the_failed_block_alive(error):
                 pass
             rss.append(_rss_mib())
             assert sum(r() is not None for r in alive) == 0, f"round {k}: tensors of a failed block are alive"
-        # 20 activations of 512 KiB leak 10 MiB per round: the RSS after round 2 must not keep growing.
-        assert rss[-1] - rss[2] < 8, rss
+        # 20 activations of 512 KiB leak 10 MiB per round (90 MiB over the last nine): the RSS after round 2
+        # must not keep growing (allowing for the allocator's own slack).
+        assert rss[-1] - rss[2] < 40, rss
     finally:
         if was_enabled:
             gc.enable()

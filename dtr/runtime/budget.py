@@ -61,31 +61,43 @@ __all__ = ["budget", "Budget"]
 # failure while it brought everything back), which only a full garbage
 # collection breaks (and the block had frozen the collector's older objects),
 # and the exception's traceback, which holds dtr's own frames and their
-# locals (the op's arguments, flattened leaves, recipes) for as long as the
-# program keeps the exception. So no dtr code keeps an exception in a local
-# that outlives its handler, and when a block ends by an exception the
+# locals (the mode, its core and recipes, the op's arguments) for as long as
+# the program keeps the exception. So no dtr code keeps an exception in a
+# local that outlives its handler, and when a block ends by an exception the
 # locals of dtr's own finished frames in its traceback (and in those of its
-# context and cause) are cleared: the program's frames are left as they are.
+# context and cause) are cleared, with torch's wrappers around
+# __torch_dispatch__ (they hold the mode): the program's frames are left as
+# they are.
 _OWN_CODE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the dtr package
+_TORCH_CODE = os.path.dirname(os.path.abspath(torch.__file__))
 
 
 def _clear_own_frames(exc: BaseException) -> None:
-    """Clear the locals of dtr's finished frames in ``exc``'s tracebacks (and its context's and cause's)."""
+    """Clear the locals of dtr's finished frames in ``exc``'s tracebacks (and its context's and cause's).
+
+    dtr's frames are those of its own code, and the frames of torch's code
+    right before one of them: the wrappers around ``__torch_dispatch__``
+    (they hold the mode among their arguments).
+    """
     seen, stack = set(), [exc]
     while stack:
         e = stack.pop()
         if e is None or id(e) in seen:
             continue
         seen.add(id(e))
-        tb = e.__traceback__
+        frames, tb = [], e.__traceback__
         while tb is not None:
-            frame = tb.tb_frame
-            if frame.f_code.co_filename.startswith(_OWN_CODE):
+            frames.append(tb.tb_frame)
+            tb = tb.tb_next
+        clear = [f.f_code.co_filename.startswith(_OWN_CODE) for f in frames]
+        for i in range(len(frames) - 2, -1, -1):  # torch's frames that lead into one of dtr's
+            clear[i] = clear[i] or (clear[i + 1] and frames[i].f_code.co_filename.startswith(_TORCH_CODE))
+        for frame, c in zip(frames, clear):
+            if c:
                 try:
                     frame.clear()
                 except RuntimeError:  # still running (the frame that handles it)
                     pass
-            tb = tb.tb_next
         stack += [e.__context__, e.__cause__]
 
 

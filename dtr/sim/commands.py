@@ -42,12 +42,17 @@ def command(name: str, help: str, configure: Callable[[argparse.ArgumentParser],
     return wrap
 
 
-def thrash_limit_type(text: str) -> float:
-    """argparse type of a thrash limit: a number >= 1."""
+def _number(text: str) -> float:
+    """``text`` as a float, or argparse's error saying it is not a number."""
     try:
-        x = float(text)
+        return float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+
+
+def thrash_limit_type(text: str) -> float:
+    """argparse type of a thrash limit: a number >= 1."""
+    x = _number(text)
     if not x >= 1:
         raise argparse.ArgumentTypeError(f"the thrash limit must be >= 1 (got {text})")
     return x
@@ -71,10 +76,7 @@ def int_type(low: int, high: int, what: str = "a whole number") -> Callable[[str
 
 def positive_seconds(text: str) -> float:
     """argparse type of a time limit: a finite number of seconds > 0."""
-    try:
-        x = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    x = _number(text)
     if not (math.isfinite(x) and x > 0):
         raise argparse.ArgumentTypeError(f"the time limit must be a finite number of seconds > 0 (got {text})")
     return x
