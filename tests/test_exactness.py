@@ -368,3 +368,23 @@ def test_a_tensor_rebound_to_an_activation_by_set_views_it():
         got = step()
     assert b.stats["evictions"] > 0
     assert all(torch.equal(g, w) for g, w in zip(got, want))
+
+
+@pytest.mark.parametrize("layout", ["strided", "jagged"])
+@pytest.mark.parametrize("limit", [None, 6])
+def test_nested_tensors_are_left_alone(layout, limit):
+    """Nested tensors (strided or jagged) are values dtr does not track; what is computed beside them
+    is exact, with or without a budget."""
+    def step():
+        nt = torch.nested.nested_tensor([torch.randn(3, 256), torch.randn(5, 256)], layout=getattr(torch, layout))
+        y = torch.nn.functional.linear(nt, W).relu()
+        return y, _chain(torch.randn(64, 256), 12)[::4]
+    torch.manual_seed(0)
+    want = step()
+    torch.manual_seed(0)
+    with dtr.budget(None if limit is None else _budget(limit), cost_model="flops") as b:
+        got = step()
+    assert all(torch.equal(a, c) for a, c in zip(got[0].unbind(), want[0].unbind()))
+    assert all(torch.equal(a, c) for a, c in zip(got[1], want[1]))
+    if limit is not None:
+        assert b.stats["evictions"] > 0

@@ -391,7 +391,7 @@ class DTRMode(TorchDispatchMode):
 
     # ----------------------------------------------------------------- tracking
     def _trackable(self, x: Any) -> bool:
-        if not isinstance(x, torch.Tensor) or x.layout != torch.strided or x.is_meta:
+        if not isinstance(x, torch.Tensor) or x.layout != torch.strided or x.is_nested or x.is_meta:
             return False
         dev = x.device.type
         if self.device_type is None:
@@ -650,7 +650,7 @@ class DTRMode(TorchDispatchMode):
         # Adopt only fresh buffers, each once: never an input's (an op that aliased one this time).
         srcs = {_storage(o)._cdata for _, o in back}
         adopt = _SWAP and len(srcs) == len(back) and not any(
-            isinstance(x, torch.Tensor) and x.layout == torch.strided and _storage(x)._cdata in srcs for x in leaves)
+            isinstance(x, torch.Tensor) and not _opaque(x) and _storage(x)._cdata in srcs for x in leaves)
         for slot, o in back:
             if not (adopt and self._adopt(slot, o)):
                 self._refill(slot.tensor)
@@ -744,6 +744,7 @@ class DTRMode(TorchDispatchMode):
             tpos = [i for i, x in enumerate(leaves) if self._trackable(x)]
         else:  # _trackable, inlined for the hot path (once the device is known)
             tpos = [i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor) and x.layout == torch.strided
+                    and not x.is_nested
                     and not x.is_meta and x.device.type == device_type]
         if self._opaque_readers:  # see Note [Other layouts]
             self._before_opaque_writes(func, args, kwargs)
@@ -763,7 +764,7 @@ class DTRMode(TorchDispatchMode):
             t = self.version[_storage(leaves[pos])._cdata]
             (const_writes if core.pinned(core.storage_of(t)) else plain_writes).append((pos, t))
 
-        layouts = tuple([((tuple(x.shape), tuple(x.stride()), x.dtype) if x.layout == torch.strided
+        layouts = tuple([((tuple(x.shape), tuple(x.stride()), x.dtype) if not _opaque(x)
                           else (x.layout, x.dtype)) if isinstance(x, torch.Tensor)  # (Note [Other layouts])
                          else _hashable(x) for x in leaves])
         key = (func, layouts)
@@ -931,9 +932,9 @@ class DTRMode(TorchDispatchMode):
                                mutated=[self.handle[old] for _, old in plain_writes] +
                                [self.handle[t] for _, t in const_writes])
         core.end_call(op, cost)
-        if any(isinstance(x, torch.Tensor) and x.layout != torch.strided for x in leaves):
+        if any(isinstance(x, torch.Tensor) and _opaque(x) for x in leaves):
             for x in leaves:  # see Note [Other layouts]
-                if isinstance(x, torch.Tensor) and x.layout != torch.strided:
+                if isinstance(x, torch.Tensor) and _opaque(x):
                     for k in _opaque_keys(x):
                         self._opaque_readers.setdefault(k, []).extend(new_tensors)
         if pending is not None:
@@ -970,8 +971,9 @@ class DTRMode(TorchDispatchMode):
 
     # Note [Other layouts]
     # dtr evicts and recomputes strided storages only. A tensor of another
-    # layout (sparse COO/CSR/CSC/BSR/BSC, nested, mkldnn) has no strides and
-    # no single storage: dtr leaves it alone, as a value it neither tracks,
+    # layout (sparse COO/CSR/CSC/BSR/BSC, jagged, mkldnn) or a nested tensor
+    # (of any layout) has no strides (or sizes) and no single storage of
+    # plain elements: dtr leaves it alone (_opaque), as a value it neither tracks,
     # counts nor evicts, held as it is by the recipes that read it (the
     # recipes' outputs are tracked and evictable as usual). A recipe reads it
     # when it is recomputed, so an in-place write to it (S.mul_(2), a sparse
@@ -997,7 +999,7 @@ class DTRMode(TorchDispatchMode):
             for y in (x if isinstance(x, (list, tuple)) else (x,)):
                 if not isinstance(y, torch.Tensor):
                     continue
-                for k in (_opaque_keys(y) if y.layout != torch.strided else (_storage(y)._cdata,)):
+                for k in (_opaque_keys(y) if _opaque(y) else (_storage(y)._cdata,)):
                     if k not in self._opaque_readers:
                         continue
                     self.poll()  # (pinning may recompute: it must not read a storage just dropped)
@@ -1070,7 +1072,7 @@ class DTRMode(TorchDispatchMode):
             try:
                 mout = tree_flatten(func(*args, **dict(kwargs, device=torch.device("meta"))))[0]
                 owning = [i for i, o in enumerate(mout) if isinstance(o, torch.Tensor) and o.is_meta
-                          and o.layout == torch.strided]
+                          and not _opaque(o)]
                 pred = _Prediction([_storage(mout[i]).nbytes() for i in owning], owning,
                                    [mout[i] for i in owning])
             except Exception:  # no meta kernel, or an argument the meta device refuses (pin_memory)
@@ -1285,6 +1287,11 @@ class DTRMode(TorchDispatchMode):
                                  "they were all brought back regardless and can be used") from None
 
 
+def _opaque(x: torch.Tensor) -> bool:
+    """Whether dtr leaves ``x`` alone: a layout other than strided, or a nested tensor (Note [Other layouts])."""
+    return x.layout != torch.strided or x.is_nested
+
+
 def _opaque_keys(x: torch.Tensor) -> List[Any]:
     """Keys of a non-strided tensor's memory: the object, and the storages of its strided parts (Note [Other layouts]).
 
@@ -1302,7 +1309,7 @@ def _opaque_keys(x: torch.Tensor) -> List[Any]:
             parts = (x.values(),)
     except (RuntimeError, NotImplementedError):
         parts = ()
-    return [("object", id(x))] + [_storage(p)._cdata for p in parts if p.layout == torch.strided]
+    return [("object", id(x))] + [_storage(p)._cdata for p in parts if not _opaque(p)]
 
 
 def _view_positions(func: Any, out: Any) -> Tuple[int, ...]:
