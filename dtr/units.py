@@ -28,7 +28,7 @@ def _checked(n: int, text: object) -> int:
     return n
 
 
-def parse_bytes(value: int | str) -> int:
+def parse_bytes(value: int | float | str) -> int:
     """Parse a size in bytes.
 
     Args:
