@@ -7,6 +7,7 @@ Errors from the core arrive as dtr's own exceptions.
 from __future__ import annotations
 
 import math
+import numbers
 import operator
 import types
 from typing import Callable, List, Optional, Sequence, Tuple
@@ -14,6 +15,7 @@ from typing import Callable, List, Optional, Sequence, Tuple
 from dtr import _C
 from dtr.errors import BudgetError, OutOfBudgetError, ThrashingError
 from dtr.heuristics import Heuristic, get_heuristic
+from dtr.semantics import SIMRD, Semantics, check_thrash_limit, remat_allowance
 
 __all__ = ["Core", "Program", "make_config", "parse_program", "replay_program", "RawLogError"]
 
@@ -25,10 +27,8 @@ _MAX_INT32 = 2**31 - 1
 
 
 def make_config(heuristic: Heuristic | str = "eqclass", budget: Optional[int] = None, *,
-                banish: bool = False, seed: int = 0, sample: int = 0,
-                remat_limit: float = math.inf, free_dead_constants: bool = False,
-                keep_needed: bool = False, eqclass_split: bool = False,
-                inplace_handover: bool = False, deep_first: bool = False) -> "_C.Config":
+                semantics: Semantics = SIMRD, banish: bool = False, seed: int = 0, sample: int = 0,
+                remat_limit: float = math.inf) -> "_C.Config":
     """Build the core's configuration.
 
     Args:
@@ -39,34 +39,22 @@ def make_config(heuristic: Heuristic | str = "eqclass", budget: Optional[int] = 
         seed: seed of the ``random`` heuristic and of sampling.
         sample: score only this many random pool members per eviction (0: all).
         remat_limit: stop once rematerialization compute passes this.
-        free_dead_constants: free a constant whose last reference dies (the
-            runtime's semantics) instead of keeping it resident (simrd's).
-        keep_needed: on its last release, keep a storage resident while an
-            evicted, referenced storage depends on it, and free rematerialized
-            unreferenced storages once their dependents are back (the core's
-            Note [Freeing what an evicted tensor needs]).
-        eqclass_split: split eqclass components exactly when a member leaves
-            (the core's Note [Splitting eqclass components]) even if the
-            heuristic's own ``split`` is not set (the runtime's default).
-        inplace_handover: a recomputed in-place write takes over the bytes of
-            an old version nothing else can read (the runtime's semantics; the
-            core's Note [Handing bytes over on recomputation]).
-        deep_first: recompute first the evicted inputs whose recomputation
-            recurses, so that less is held meanwhile (the runtime's semantics;
-            the core's Note [Deepest input first]). simrd's order is the
-            inputs' own.
+        semantics: the rules that differ between the runtime and simrd
+            (:class:`dtr.semantics.Semantics`; simrd's by default). A heuristic
+            whose ``split`` is set splits eqclass components whatever
+            ``semantics.eqclass_split`` says.
 
     Raises:
         ValueError: unknown heuristic name, or a seed or sample out of range.
+        TypeError: ``semantics`` is not a :class:`Semantics`.
         BudgetError: a budget past 2^63 - 1 bytes.
     """
     h = get_heuristic(heuristic) if isinstance(heuristic, str) else heuristic
     if budget is not None and int(budget) > _MAX_INT64:
         raise BudgetError(f"budget {budget} bytes is more than the core can hold ({_MAX_INT64} bytes)")
-    if not 0 <= int(seed) < 2**64:
-        raise ValueError(f"seed must be a whole number from 0 to 2^64 - 1 (got {seed})")
-    if not 0 <= int(sample) <= _MAX_INT32:
-        raise ValueError(f"sample must be a whole number from 0 (all) to {_MAX_INT32} (got {sample})")
+    for name, value, top in (("seed", seed, 2**64 - 1), ("sample", sample, _MAX_INT32)):  # uint64_t and int
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not 0 <= value <= top:
+            raise ValueError(f"{name} must be a whole number from 0 to {top} (got {value!r})")
     cfg = _C.Config()
     cfg.budget = -1 if budget is None else int(budget)
     cfg.cost = h.cost
@@ -74,14 +62,16 @@ def make_config(heuristic: Heuristic | str = "eqclass", budget: Optional[int] = 
     cfg.use_staleness = h.use_staleness
     cfg.random = h.random
     cfg.banish = banish
-    cfg.seed = seed
-    cfg.sample = sample
+    cfg.seed = int(seed)
+    cfg.sample = int(sample)
     cfg.remat_limit = remat_limit
-    cfg.free_dead_constants = free_dead_constants
-    cfg.keep_needed = keep_needed
-    cfg.eqclass_split = bool(h.split or eqclass_split)
-    cfg.inplace_handover = inplace_handover
-    cfg.deep_first = deep_first
+    if not isinstance(semantics, Semantics):
+        raise TypeError(f"semantics must be a dtr.semantics.Semantics, not {semantics!r}")
+    cfg.free_dead_constants = semantics.free_dead_constants
+    cfg.keep_needed = semantics.keep_needed
+    cfg.eqclass_split = semantics.eqclass_split or h.split
+    cfg.inplace_handover = semantics.inplace_handover
+    cfg.deep_first = semantics.deep_first
     return cfg
 
 
@@ -326,5 +316,14 @@ def replay_program(program: "_C.Program", heuristic: Heuristic | str = "eqclass"
     at once), ``op_instr`` (core op -> instruction
     index), ``storage_op`` and ``storage_index`` (core storage -> allocating op
     and output position).
+
+    Raises:
+        ValueError: a thrash limit that is not a number >= 1 (or infinity),
+            and see :func:`make_config`.
     """
-    return _C.replay(program, make_config(heuristic, budget, **options), float(thrash_limit), check, trace)
+    # The core stops once recomputation passes what the limit allows over the log's compute (Note [The thrash
+    # limit] in dtr.semantics); the C++ replay then reports "thrash".
+    allowance = remat_allowance(check_thrash_limit(thrash_limit), program.base_compute())
+    config = make_config(heuristic, budget, remat_limit=allowance,
+                         **options)
+    return _C.replay(program, config, math.inf, check, trace)

@@ -14,6 +14,7 @@ import pytest
 
 from dtr.core import Core
 from dtr.errors import OutOfBudgetError, ThrashingError
+from dtr.semantics import Semantics
 
 # Every counter but storage_accesses (compaction flattens the union-find's paths).
 COUNTERS = ["base_compute", "remat_compute", "evictions", "eager_evictions", "banishments", "remats", "memory",
@@ -92,7 +93,7 @@ def test_the_op_of_a_constant_is_collected_but_kept():
 
 def test_many_rounds_keep_the_tables_bounded():
     """A loop of 'steps' (chains built and dropped, a running constant) keeps the tables small."""
-    c = Core("eqclass", 200, free_dead_constants=True)
+    c = Core("eqclass", 200, semantics=Semantics(free_dead_constants=True))
     w = c.constant(10)
     acc = c.constant(10)
     sizes = []
@@ -122,7 +123,10 @@ class Twins:
     """Core A collects; core B collects and compacts. Ids are A's; B's are mapped."""
 
     def __init__(self, heuristic, budget, **options):
-        self.a, self.b = Core(heuristic, budget, **options), Core(heuristic, budget, **options)
+        # The semantics switches among ``options`` go to the core as one Semantics value.
+        semantics = Semantics(**{k: v for k, v in options.items() if k in Semantics.fields()})
+        options = {k: v for k, v in options.items() if k not in Semantics.fields()}
+        self.a, self.b = (Core(heuristic, budget, semantics=semantics, **options) for _ in range(2))
         self.ev_a, self.ev_b, self.rm_a, self.rm_b = [], [], [], []
         self.raw_ev_b, self.raw_rm_b = [], []  # B's ids, mapped once the ids they name are known
         self.a.set_hooks(on_evict=self.ev_a.append, on_remat=self.rm_a.append)

@@ -319,11 +319,13 @@ def test_limits_that_are_not_sizes_are_budget_errors(limit):
 @pytest.mark.parametrize("kwargs,error,words", [
     (dict(heuristic=None), TypeError, "heuristic must be a name (dtr, eqclass"),
     (dict(heuristic="nope"), ValueError, "valid: dtr, eqclass"),
-    (dict(thrash_limit="abc"), ValueError, "thrash_limit must be a number > 1"),
-    (dict(thrash_limit=1.0), ValueError, "thrash_limit must be a number > 1"),
-    (dict(seed=-1), ValueError, "seed must be an integer from 0"),
-    (dict(sample=-3), ValueError, "sample must be an integer from 0"),
-    (dict(sample=1.5), ValueError, "sample must be an integer from 0"),
+    (dict(thrash_limit="abc"), ValueError, "the thrash limit must be a number >= 1"),
+    (dict(thrash_limit=0.99), ValueError, "the thrash limit must be a number >= 1"),
+    (dict(seed=-1), ValueError, "seed must be a whole number from 0"),
+    (dict(seed=2 ** 64), ValueError, "seed must be a whole number from 0"),
+    (dict(sample=-3), ValueError, "sample must be a whole number from 0"),
+    (dict(sample=1.5), ValueError, "sample must be a whole number from 0"),
+    (dict(eqclass_split="yes"), TypeError, "eqclass_split must be True or False"),
     (dict(device="gpu"), ValueError, "is not a device"),
     (dict(cost_model="clock"), ValueError, "valid: time, flops"),
 ])

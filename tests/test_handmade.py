@@ -5,6 +5,7 @@ import pytest
 
 from dtr.core import Core
 from dtr.errors import OutOfBudgetError
+from dtr.semantics import Semantics
 from dtr.sim import read_log, replay
 
 # tests/data/small.jsonl: w(5, constant) -> a(10) -> b(10) -> c(10) -> d(10) with
@@ -143,7 +144,7 @@ def test_keep_needed_keeps_what_an_evicted_tensor_depends_on(keep_needed):
     # the program releases x. Without keep_needed x is freed at once, and
     # bringing a back reruns f too (101). With it x stays resident while the
     # evicted a needs it, only g reruns (1), and x is freed once a is back.
-    c = Core("largest", budget=40, keep_needed=keep_needed)
+    c = Core("largest", budget=40, semantics=Semantics(keep_needed=keep_needed))
     w = c.constant(0)
     (x,) = c.call([w], [10], [-1], 100.0)
     (a,) = c.call([x], [20], [-1], 1.0)
@@ -163,7 +164,7 @@ def test_keep_needed_keeps_what_an_evicted_tensor_depends_on(keep_needed):
 
 
 def test_keep_needed_frees_when_the_evicted_dependent_is_released():
-    c = Core("largest", budget=40, keep_needed=True)
+    c = Core("largest", budget=40, semantics=Semantics(keep_needed=True))
     w = c.constant(0)
     (x,) = c.call([w], [10], [-1], 100.0)
     (a,) = c.call([x], [20], [-1], 1.0)
@@ -180,7 +181,7 @@ def test_dropping_an_empty_constant_pins_nothing():
     # e (constant, 0 bytes) -> v (live). Dropping c pins every live storage
     # computed from it (a, b, u), then frees it. Dropping e loses no value: it
     # stays (0 bytes) and v can still be recomputed from it.
-    c = Core("lru", free_dead_constants=True)
+    c = Core("lru", semantics=Semantics(free_dead_constants=True))
     w = c.constant(8)
     (a,) = c.call([w], [10], [-1], 1.0)
     (b,) = c.call([a], [10], [-1], 1.0)
@@ -336,7 +337,7 @@ def _view_of_an_evicted_storage(**options):
     # w (constant, 10) -> a (10) and b (10); v = view(a, b) (0 bytes: a view of
     # a whose op also reads b). a and b are released (b's storage goes, a's stays
     # for v); d (15) makes 35 > 30, so a's storage goes too: a and v are undefined.
-    c = Core("lru", budget=30, **options)
+    c = Core("lru", budget=30, semantics=Semantics(**options))
     w = c.constant(10)
     (a,) = c.call([w], [10], [-1], 1.0)
     (b,) = c.call([w], [10], [-1], 2.0)
@@ -417,7 +418,7 @@ def test_a_banished_storage_keeps_nothing_from_collection():
     # through edges that compaction drops, made a compacted core collect more
     # than one that never compacted); counting b's op as needed for its
     # banished output kept an op that reads the collected x.
-    c = Core("lru", budget=30, free_dead_constants=True)
+    c = Core("lru", budget=30, semantics=Semantics(free_dead_constants=True))
     (x,) = c.call([], [10], [-1], 1.0)
     (b,) = c.call([x], [10], [-1], 1.0)
     c.pin(b)
@@ -445,7 +446,7 @@ def test_a_recomputed_in_place_write_takes_over_its_old_version(handover):
     # (40, budget 60). Bringing x2 back recomputes x's op (which evicts y) and
     # then the write: handed over, the old version's 30 bytes become x2's;
     # without, x2 needs 30 more bytes while x stays resident, unreferenced.
-    c = Core("lru", budget=60, inplace_handover=handover)
+    c = Core("lru", budget=60, semantics=Semantics(inplace_handover=handover))
     w = c.constant(0)
     (x,) = c.call([w], [30], [-1], 1.0)
     (x2,) = c.mutate_inplace([x], [0], 1.0)
@@ -519,7 +520,7 @@ def test_a_recomputation_brings_back_the_input_that_recurses_first(deep_first):
     # p's pile up past the budget. Deepest input first (the core's Note
     # [Deepest input first]) recurses first and holds 1-byte h's instead:
     # every op is recomputed once, within 30 bytes.
-    c = Core("lru", budget=30, deep_first=deep_first)
+    c = Core("lru", budget=30, semantics=Semantics(deep_first=deep_first))
     w = c.constant(0)
     (h,) = c.call([w], [1], [-1], 1.0)
     for _ in range(8):

@@ -190,7 +190,8 @@ def test_export_agrees_with_handed_over_recomputations():
         peak = baseline(log)["peak_memory"]
         for frac in (0.7, 0.45, 0.3):
             on = replay(log, "eqclass", int(peak * frac), thrash_limit=6)
-            off = replay(log, "eqclass", int(peak * frac), thrash_limit=6, inplace_handover=False)
+            off = replay(log, "eqclass", int(peak * frac), thrash_limit=6,
+                         semantics=log.semantics.replace(inplace_handover=False))
             handed += (on.remats, on.evictions) != (off.remats, off.evictions)
     assert checked > 50 and handed > 0
 

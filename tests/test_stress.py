@@ -62,11 +62,12 @@ def test_random_logs_keep_invariants(heuristic, banish, keep_needed):
     statuses = set()
     for seed in range(25):
         log = parse_text(random_log(seed), path=f"<random {seed}>")
-        base = replay(log, heuristic, None, check=True, banish=banish, keep_needed=keep_needed)
+        semantics = log.semantics.replace(keep_needed=keep_needed)
+        base = replay(log, heuristic, None, check=True, banish=banish, semantics=semantics)
         assert base.status == "ok" and base.evictions == 0
         for frac in (0.8, 0.5, 0.3):
             r = replay(log, heuristic, int(base.peak_bytes * frac), thrash_limit=4, check=True, banish=banish,
-                       seed=seed, baseline_peak=base.peak_bytes, keep_needed=keep_needed)
+                       seed=seed, baseline_peak=base.peak_bytes, semantics=semantics)
             statuses.add(r.status)
             assert r.peak_bytes <= r.budget_bytes
             if r.status == "ok":
@@ -119,17 +120,18 @@ def test_eqclass_split_keeps_exact_components(banish, keep_needed):
     differ = 0
     for seed in range(40):
         log = parse_text(with_collects(random_log(seed, steps=400), seed), path=f"<random {seed}>")
-        base = replay(log, "eqclass-split", None, check=True, banish=banish, keep_needed=keep_needed)
+        semantics = log.semantics.replace(keep_needed=keep_needed)
+        base = replay(log, "eqclass-split", None, check=True, banish=banish, semantics=semantics)
         for frac in (0.6, 0.4, 0.25):
             budget = int(base.peak_bytes * frac)
-            kw = dict(thrash_limit=6, banish=banish, seed=seed, baseline_peak=base.peak_bytes,
-                      keep_needed=keep_needed)
-            r = replay(log, "eqclass-split", budget, check=True, **kw)
+            kw = dict(thrash_limit=6, banish=banish, seed=seed, baseline_peak=base.peak_bytes)
+            r = replay(log, "eqclass-split", budget, check=True, semantics=semantics, **kw)
             assert r.peak_bytes <= r.budget_bytes
-            plain = replay(log, "eqclass", budget, **kw)
+            plain = replay(log, "eqclass", budget, semantics=semantics, **kw)
             differ += (r.evictions, r.remats, r.status) != (plain.evictions, plain.remats, plain.status)
             # The runtime's switch (a log's meta line, or replay's override) is the same heuristic.
-            assert replay(log, "eqclass", budget, eqclass_split=True, **kw) == r.__class__(
+            split = semantics.replace(eqclass_split=True)
+            assert replay(log, "eqclass", budget, semantics=split, **kw) == r.__class__(
                 **{**r.to_dict(), "heuristic": "eqclass", "thrash_limit": r.thrash_limit})
     if not banish:  # (banishing leaves few evicted storages to join)
         assert differ > 0  # splitting changes decisions on these logs
@@ -142,16 +144,17 @@ def runtime_like_pairs(heuristic, option, **semantics):
     (run with ``option`` on, run with it off); Core::check() runs after every
     instruction of every replay.
     """
-    kw = dict(check=True, keep_needed=True, free_dead_constants=True, **semantics)
+    switches = dict(keep_needed=True, free_dead_constants=True, **semantics)
     for seed in range(30):
         log = parse_text(with_collects(with_inplace(random_log(seed, steps=300), seed), seed),
                          path=f"<random {seed}>")
-        base = replay(log, heuristic, None, **{option: True}, **kw)
+        with_option = {on: log.semantics.replace(**switches, **{option: on}) for on in (True, False)}
+        base = replay(log, heuristic, None, check=True, semantics=with_option[True])
         assert base.status == "ok" and base.evictions == 0
         for frac in (0.7, 0.45, 0.3):
             budget = int(base.peak_bytes * frac)
             yield tuple(replay(log, heuristic, budget, thrash_limit=6, seed=seed, baseline_peak=base.peak_bytes,
-                               **{option: on}, **kw) for on in (True, False))
+                               check=True, semantics=with_option[on]) for on in (True, False))
 
 
 @pytest.mark.parametrize("heuristic", ["dtr", "eqclass", "lru"])

@@ -3,8 +3,6 @@ from __future__ import annotations
 
 import gc
 import json
-import math
-import numbers
 import os
 import warnings
 from typing import Optional, Union
@@ -12,13 +10,14 @@ from typing import Optional, Union
 import torch
 from torch.utils._python_dispatch import _disable_current_modes, _get_current_dispatch_mode_stack
 
-from dtr.core import Core
+from dtr.core import Core, make_config
 from dtr.errors import BudgetWarning, OutOfBudgetError, ThrashingError
 from dtr.heuristics import Heuristic, get_heuristic, heuristic_names
 from dtr.runtime.costs import get_cost_model
 from dtr.runtime.escapes import patch_escapes
 from dtr.runtime.mode import DTRMode
 from dtr.runtime.recorder import LogRecorder
+from dtr.semantics import RUNTIME, check_thrash_limit
 from dtr.units import parse_bytes
 
 __all__ = ["budget", "Budget"]
@@ -130,21 +129,18 @@ class Budget:
             raise TypeError(f"heuristic must be a name ({', '.join(heuristic_names())}) or a dtr.Heuristic, "
                             f"not {heuristic!r}")
         self.cost_model = get_cost_model(cost_model)
-        if thrash_limit is not None and (isinstance(thrash_limit, bool) or not isinstance(thrash_limit, numbers.Real)
-                                         or not thrash_limit > 1):
-            raise ValueError(f"thrash_limit must be a number > 1 (recomputation allowed, as a multiple of the "
-                             f"block's own compute) or None for no limit, not {thrash_limit!r}")
-        self.thrash_limit = None if thrash_limit is None or math.isinf(thrash_limit) else float(thrash_limit)
-        for name, value, top in (("sample", sample, 31), ("seed", seed, 64)):  # (the core's int and uint64_t)
-            if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not 0 <= value < 2 ** top:
-                raise ValueError(f"{name} must be an integer from 0 to 2**{top} - 1, not {value!r}")
+        self.thrash_limit = check_thrash_limit(thrash_limit)  # math.inf: no limit
         self.log_path = log
         self.log_meta = dict(log_meta or {})
         try:  # before any file is written: a log whose meta line cannot be written is refused whole
             json.dumps(self.log_meta)
         except (TypeError, ValueError) as e:
             raise TypeError(f"log_meta must hold JSON values only (it becomes the log's meta line): {e}") from None
-        self._options = dict(sample=int(sample), seed=int(seed), eqclass_split=bool(eqclass_split))
+        if not isinstance(eqclass_split, bool):
+            raise TypeError(f"eqclass_split must be True or False, not {eqclass_split!r}")
+        self.semantics = RUNTIME.replace(eqclass_split=eqclass_split)
+        self._options = dict(sample=sample, seed=seed)
+        make_config(self.heuristic, self.budget_bytes, semantics=self.semantics, **self._options)  # checks them now
         self._device = _checked_device(device)
         self._core: Optional[Core] = None
         self._mode: Optional[DTRMode] = None
@@ -182,15 +178,12 @@ class Budget:
             # Two cores would each evict and recompute storages the other one counts as resident.
             raise RuntimeError("dtr.budget blocks do not nest: this block is inside another dtr.budget block; "
                                "use one block (the outer one's budget applies to everything inside it)")
-        self._core = Core(self.heuristic, self.budget_bytes, free_dead_constants=True, keep_needed=True,
-                          inplace_handover=True, deep_first=True, **self._options)
+        self._core = Core(self.heuristic, self.budget_bytes, semantics=self.semantics, **self._options)
         recorder = None
-        if self.log_path is not None:
+        if self.log_path is not None:  # the meta line records the semantics: a replay makes the same decisions
             recorder = LogRecorder(self.log_path, {
                 **self.log_meta, "cost_unit": self.cost_model.unit, "budget_bytes": self.budget_bytes,
-                "heuristic": self.heuristic.name, "recorded_by": "dtr.budget", "free_dead_constants": True,
-                "keep_needed": True, "eqclass_split": self._options["eqclass_split"], "inplace_handover": True,
-                "deep_first": True})
+                "heuristic": self.heuristic.name, "recorded_by": "dtr.budget", **self.semantics.to_meta()})
         self._mode = DTRMode(self._core, self.cost_model, recorder, self.thrash_limit, self._device)
         self._restore_escapes = patch_escapes(self._mode.escape)
         # See Note [Compiled code in a block]; set_stance sets it now, and its __exit__ restores the old one.
@@ -308,7 +301,8 @@ def budget(limit: Union[None, int, str], *, heuristic: Union[str, Heuristic] = "
             without a synchronization per op: see dtr/runtime/timing.py) or
             ``"flops"`` (deterministic; decisions are then reproducible and replayable).
         thrash_limit: raise :class:`dtr.ThrashingError` once recomputation
-            passes ``thrash_limit - 1`` times the block's own compute (None: never).
+            passes ``thrash_limit - 1`` times the block's own compute so far: a
+            number >= 1 (1: no recomputation at all), or None for no limit.
         sample: score only this many random pool members per eviction (0: all).
         seed: seed of the ``random`` heuristic and of sampling.
         device: the device whose memory is budgeted (default: that of the first

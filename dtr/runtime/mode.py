@@ -85,6 +85,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import sys
 from itertools import chain
 from typing import Any, Dict, Iterable, List, NamedTuple, Optional, Tuple
@@ -99,6 +100,7 @@ from dtr.runtime.costs import CostModel
 from dtr.runtime.effects import overwrites_self, schema_writes, written_args
 from dtr.runtime.recorder import LogRecorder
 from dtr.runtime.timing import ProvisionalCosts, make_timer
+from dtr.semantics import remat_allowance
 
 __all__ = ["DTRMode", "Slot"]
 
@@ -355,7 +357,7 @@ class DTRMode(TorchDispatchMode):
     """Runs ops through the DTR core. Created and entered by :class:`dtr.budget`."""
 
     def __init__(self, core: Core, cost_model: CostModel, recorder: Optional[LogRecorder],
-                 thrash_limit: Optional[float], device: Optional[torch.device] = None):
+                 thrash_limit: float, device: Optional[torch.device] = None):
         super().__init__()
         self.core = core
         self.cost_model = cost_model
@@ -804,10 +806,8 @@ class DTRMode(TorchDispatchMode):
         cost = 0.0  # a view computes nothing
         if not self.cost_model.measured and (sizes or plain_writes or const_writes):
             cost = self.cost_model.estimate(func, args, kwargs, pred.metas)
-        if self.thrash_limit is not None:
-            base = core.base_compute
-            if base > 0:  # let the core stop a runaway chain of recomputations as it happens
-                core.set_remat_limit((self.thrash_limit - 1) * base)
+        if self.thrash_limit != math.inf:  # let the core stop a runaway chain of recomputations as it happens
+            core.set_remat_limit(remat_allowance(self.thrash_limit, core.base_compute))
         op = core.begin_call(ins, all_sizes, [-1] * len(all_sizes), inplace_of, cost)
         try:
             out, flat_out, cost, pending = self._execute(func, args, kwargs, cost, key)
@@ -963,11 +963,10 @@ class DTRMode(TorchDispatchMode):
                 core.pin(new)
         if self.ops_seen - self._ops_at_gc > max(_GC_MIN_OPS, self._live_after_gc):
             self.collect()
-        limit = self.thrash_limit
-        if limit is not None:
-            base, rc = core.base_compute, core.remat_compute
-            if base > 0 and rc > (limit - 1) * base:
-                raise ThrashingError(rc, (limit - 1) * base, f"while running {func}")
+        if self.thrash_limit != math.inf:
+            allowed, rc = remat_allowance(self.thrash_limit, core.base_compute), core.remat_compute
+            if rc > allowed:
+                raise ThrashingError(rc, allowed, f"while running {func}")
 
     # Note [Other layouts]
     # dtr evicts and recomputes strided storages only. A tensor of another

@@ -10,7 +10,6 @@ from dtr.errors import DtrError
 from dtr.heuristics import Heuristic, get_heuristic
 from dtr.sim.graph import Graph, graph_from_log
 from dtr.sim.logs import Log, read_log
-from dtr.sim.replay import log_semantics
 from dtr.sim.schedule import COMPUTE, FREE, Schedule
 
 __all__ = ["Export", "export_schedule"]
@@ -51,7 +50,7 @@ class Export:
 # ``free`` steps. Eviction by the heuristic happens before the operator that
 # needed the room, as in the trace; an in-place write's old version is freed
 # right before the write (Note [In-place writes in a schedule] in
-# dtr.sim.schedule). The run uses the log's own semantics (log_semantics),
+# dtr.sim.schedule). The run uses the log's own semantics (Log.semantics),
 # as ``dtr-sim replay`` does, so the schedule is the run replay reports.
 # Banishing is not exported (a banished storage's dependents become
 # constants, which a static schedule over the log's graph cannot express).
@@ -84,7 +83,7 @@ def export_schedule(log: Union[Log, str], heuristic: Union[Heuristic, str] = "eq
     h = get_heuristic(heuristic) if isinstance(heuristic, str) else heuristic
     g = graph if graph is not None else graph_from_log(log)
     raw = replay_program(log.program, h, budget, thrash_limit=thrash_limit, trace=True, seed=seed, sample=sample,
-                         **log_semantics(log))
+                         semantics=log.semantics)
     _check_numbering(g, raw)
     steps = tuple((COMPUTE if kind in (0, 1) else FREE, int(x)) for kind, x in raw["trace"])
     meta = {"log": g.name, "planner": h.name, "budget_bytes": budget, "status": raw["status"]}

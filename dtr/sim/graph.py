@@ -123,7 +123,7 @@ class Graph:
 #   good. A pinned storage is protected before it is written in place
 #   (repeatedly, as protecting one written input may pin another), on
 #   ``protect``, and, under the log's ``free_dead_constants`` semantics (see
-#   dtr.sim.replay.log_semantics), when its last handle is released; it is
+#   Log.semantics), when its last handle is released; it is
 #   then freed for good (one of no bytes is never protected, and stays).
 #   That needs reference counts (live handles per tensor, moved to the new
 #   version on an in-place write) and the storage dependency graph. An
@@ -395,10 +395,9 @@ def graph_from_log(log) -> Graph:
             (Note [The exact graph follows the core]).
     """
     from dtr.sim.logs import Log, read_log
-    from dtr.sim.replay import log_semantics
     if not isinstance(log, Log):
         log = read_log(os.fspath(log))
-    b = _Builder(str(log.path), free_dead_constants=log_semantics(log)["free_dead_constants"])
+    b = _Builder(str(log.path), free_dead_constants=log.semantics.free_dead_constants)
     for b.instr, r in enumerate(log.records()):
         b.record(r)
     return b.graph(str(log.path), log.cost_unit)

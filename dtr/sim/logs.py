@@ -16,6 +16,7 @@ from typing import Iterator, List, NamedTuple, Optional, Tuple
 
 from dtr.core import Program, RawLogError, parse_program
 from dtr.errors import LogFormatError
+from dtr.semantics import SIMRD, Semantics
 
 __all__ = ["Log", "Record", "read_log", "read_bytes", "parse_text", "KINDS"]
 
@@ -57,6 +58,10 @@ class Log:
         format: ``"v1"`` or ``"simrd"``.
         cost_unit: unit of the costs (``ns`` unless the v1 meta line says otherwise).
         meta: the v1 meta line (empty for simrd logs).
+        semantics: the rules its recorder ran under, from the meta line
+            (:data:`dtr.semantics.SIMRD` when it says nothing: simrd's and
+            hand-written logs). Replaying under them is what makes a replay
+            reproduce the runtime's decisions.
     """
 
     path: str
@@ -64,6 +69,7 @@ class Log:
     format: str
     cost_unit: str
     meta: dict
+    semantics: Semantics = SIMRD
 
     def __len__(self) -> int:
         return len(self.program)
@@ -128,11 +134,6 @@ def parse_text(text: str, path: str = "<string>") -> Log:
     return _parse(text.encode("utf-8", "surrogatepass"), path)
 
 
-# Meta fields that change how a log replays (see dtr.sim.replay.log_semantics):
-# a value other than true/false must not be read as one.
-SEMANTICS_FIELDS = ("free_dead_constants", "keep_needed", "eqclass_split", "inplace_handover", "deep_first")
-
-
 def _parse(data: bytes, path: str) -> Log:
     try:
         program = parse_program(data)
@@ -140,14 +141,16 @@ def _parse(data: bytes, path: str) -> Log:
         line, reason = e.args
         raise LogFormatError(path, line, reason) from None
     meta: dict = {}
+    semantics = SIMRD
     if program.meta_json:
         try:
             meta = json.loads(program.meta_json)
         except ValueError as e:  # the C++ reader accepted it; this guards against the two disagreeing
             raise LogFormatError(path, program.meta_line, f"the meta line is not valid JSON: {e}") from None
-        for key in SEMANTICS_FIELDS:
-            if key in meta and not isinstance(meta[key], bool):
-                raise LogFormatError(path, program.meta_line,
-                                     f"meta field '{key}' must be true or false (got {json.dumps(meta[key])})")
-    return Log(path=path, program=program, format=program.format, cost_unit=program.cost_unit, meta=meta)
+        try:  # a semantics field other than true/false must not be read as one
+            semantics = Semantics.from_meta(meta)
+        except ValueError as e:
+            raise LogFormatError(path, program.meta_line, str(e)) from None
+    return Log(path=path, program=program, format=program.format, cost_unit=program.cost_unit, meta=meta,
+               semantics=semantics)
 

@@ -10,6 +10,7 @@ from typing import Optional, Union
 from dtr.core import replay_program
 from dtr.errors import BudgetError
 from dtr.heuristics import Heuristic, get_heuristic
+from dtr.semantics import Semantics, check_thrash_limit
 from dtr.sim.logs import Log, read_log
 from dtr.units import MAX_BYTES, parse_bytes
 
@@ -123,40 +124,15 @@ def budget_from_ratio(baseline_peak: int, ratio: float, spec: object = None) -> 
     return budget
 
 
-def log_semantics(log: Log) -> dict:
-    """The core options a log's recorder ran under, from its meta line.
-
-    A log written by ``dtr.budget`` frees constants whose last reference dies
-    and keeps a released storage while an evicted, referenced one needs it
-    (the core's Note [Freeing what an evicted tensor needs]), and, unless
-    recorded with ``eqclass_split=False``, its ``eqclass`` splits components
-    exactly (the core's Note [Splitting eqclass components]); simrd's logs
-    and hand-written ones use none of these, unless their meta line says so
-    (so ``eqclass`` on them is simrd's). Logs recorded since recomputed
-    in-place writes take their old version's bytes say ``inplace_handover``
-    (the core's Note [Handing bytes over on recomputation]), and those
-    recorded since a recomputation brings back the inputs that recurse first
-    say ``deep_first`` (the core's Note [Deepest input first]). Replaying with the recorder's
-    semantics is what makes a replay reproduce the runtime's decisions.
-    """
-    return {"free_dead_constants": bool(log.meta.get("free_dead_constants", False)),
-            "keep_needed": bool(log.meta.get("keep_needed", False)),
-            "eqclass_split": bool(log.meta.get("eqclass_split", False)),
-            "inplace_handover": bool(log.meta.get("inplace_handover", False)),
-            "deep_first": bool(log.meta.get("deep_first", False))}
-
-
 def baseline(log: Log) -> dict:
     """The log replayed without a memory limit (raw counters)."""
-    return replay_program(log.program, "local", None, **log_semantics(log))
+    return replay_program(log.program, "local", None, semantics=log.semantics)
 
 
 def replay(log: Union[Log, str, os.PathLike], heuristic: Union[Heuristic, str] = "eqclass",
            budget: BudgetSpec = None, *, thrash_limit: float = 3.0, banish: bool = False,
            seed: int = 0, sample: int = 0, check: bool = False,
-           baseline_peak: Optional[int] = None, keep_needed: Optional[bool] = None,
-           eqclass_split: Optional[bool] = None, inplace_handover: Optional[bool] = None,
-           free_dead_constants: Optional[bool] = None, deep_first: Optional[bool] = None) -> ReplayResult:
+           baseline_peak: Optional[int] = None, semantics: Optional[Semantics] = None) -> ReplayResult:
     """Replay a log under a budget with one heuristic.
 
     Args:
@@ -170,36 +146,27 @@ def replay(log: Union[Log, str, os.PathLike], heuristic: Union[Heuristic, str] =
         sample: score only this many random pool members per eviction (0: all).
         check: check the core's invariants after every instruction (slow).
         baseline_peak: the log's peak without limit, if already known.
-        keep_needed: override the log's own semantics (None: its meta line's;
-            see :func:`log_semantics`).
-        eqclass_split: likewise for splitting eqclass components (a heuristic
-            whose ``split`` is set, such as ``eqclass-split``, always splits).
-        inplace_handover, free_dead_constants, deep_first: likewise for those semantics.
+        semantics: the rules to replay under (None: the log's own,
+            :attr:`Log.semantics`; change one with ``log.semantics.replace(...)``).
+            A heuristic whose ``split`` is set, such as ``eqclass-split``,
+            always splits eqclass components.
 
     Raises:
         LogFormatError: ``log`` is a path to a bad log.
         BudgetError: a bad budget spec.
-        ValueError: an unknown heuristic (the message lists the valid ones).
+        ValueError: an unknown heuristic (the message lists the valid ones), or
+            a thrash limit that is not a number >= 1.
     """
+    thrash_limit = check_thrash_limit(thrash_limit)
     if not isinstance(log, Log):
         log = read_log(log)
     h = get_heuristic(heuristic) if isinstance(heuristic, str) else heuristic
     if baseline_peak is None:
         baseline_peak = baseline(log)["peak_memory"]
     budget_bytes = resolve_budget(budget, baseline_peak)
-    semantics = log_semantics(log)
-    if keep_needed is not None:
-        semantics["keep_needed"] = keep_needed
-    if eqclass_split is not None:
-        semantics["eqclass_split"] = eqclass_split
-    if inplace_handover is not None:
-        semantics["inplace_handover"] = inplace_handover
-    if free_dead_constants is not None:
-        semantics["free_dead_constants"] = free_dead_constants
-    if deep_first is not None:
-        semantics["deep_first"] = deep_first
     raw = replay_program(log.program, h, budget_bytes, thrash_limit=thrash_limit, check=check,
-                         banish=banish, seed=seed, sample=sample, **semantics)
+                         banish=banish, seed=seed, sample=sample,
+                         semantics=log.semantics if semantics is None else semantics)
     base = raw["base_total"]
     total = raw["base_compute"] + raw["remat_compute"]
     failed = raw["status"] != "ok"
@@ -212,4 +179,4 @@ def replay(log: Union[Log, str, os.PathLike], heuristic: Union[Heuristic, str] =
         needed_bytes=raw["needed_bytes"] if raw["status"] == "oom" else None,
         failed_line=raw["failed_line"] if failed else None,
         constant_bytes=raw["constant_bytes"], largest_op_bytes=raw["largest_op_bytes"],
-        thrash_limit=float(thrash_limit), cost_unit=log.cost_unit)
+        thrash_limit=thrash_limit, cost_unit=log.cost_unit)

@@ -19,6 +19,7 @@ from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Un
 
 from dtr.errors import DtrError
 from dtr.heuristics import Heuristic, get_heuristic, heuristic_names
+from dtr.semantics import check_thrash_limit
 from dtr.sim.replay import ReplayResult
 
 __all__ = ["SweepRow", "FIELDS", "sweep", "parse_ratios", "parse_heuristics", "read_rows", "model_label",
@@ -231,9 +232,7 @@ def sweep(logs: Iterable[PathLike], heuristics: Union[str, Sequence[HeuristicSpe
     rs = parse_ratios(ratios) if isinstance(ratios, str) else sorted({round(float(r), _RATIO_DECIMALS) for r in ratios})
     if not rs or any(not (r > 0 and math.isfinite(r)) for r in rs):
         raise ValueError(f"budget ratios must be finite and > 0 (got {rs})")
-    thrash_limit = float(thrash_limit)
-    if not thrash_limit >= 1:
-        raise ValueError(f"the thrash limit must be >= 1 (got {thrash_limit:g})")
+    thrash_limit = check_thrash_limit(thrash_limit)
     if jobs is not None and jobs < 1:
         raise ValueError(f"jobs must be at least 1 (got {jobs})")
     paths = list(dict.fromkeys(os.fspath(p) for p in logs))

@@ -89,9 +89,8 @@ class ChainPoint:
 def _events(log, heuristic, budget: int, banish: bool, thrash_limit: float):
     from dtr.core import replay_program
     h = get_heuristic(heuristic) if isinstance(heuristic, str) else heuristic
-    from dtr.sim.replay import log_semantics
     raw = replay_program(log.program, h, budget, thrash_limit=thrash_limit, banish=banish, trace=True,
-                         **log_semantics(log))
+                         semantics=log.semantics)
     return h, raw
 
 
