@@ -153,9 +153,9 @@ class Budget:
             return dict(self._final)
         if self._core is None:
             return {"budget_bytes": self.budget_bytes}
-        return self._collect()
+        return self._read_stats()
 
-    def _collect(self) -> dict:
+    def _read_stats(self) -> dict:
         c = self._core.counters
         return {
             "budget_bytes": self.budget_bytes,
@@ -225,7 +225,7 @@ class Budget:
                 gc.unfreeze()
             if exc_type is None:
                 mode.carry_out()  # see Note [Constants from earlier blocks] in mode.py
-            self._final = self._collect()
+            self._final = self._read_stats()
             if mode.recorder is not None:
                 mode.recorder.close()
             self._core.set_hooks()

@@ -182,7 +182,7 @@ _SEEDED = torch.Tag.nondeterministic_seeded  # a random op: its generator state 
 # (dtr/runtime/timing.py). On CPU the cost is the host time, known at once. On
 # CUDA it comes from events resolved a few ops later (Note [Timing on CUDA]):
 # the op ends in the core with a provisional cost (Note [Provisional costs]),
-# its measurement is deferred under the tag (op, key, func), and a poll at the
+# its measurement is deferred under the tag (op, sig, func), and a poll at the
 # start of each later op hands resolved times to Core.set_cost. Compaction
 # renumbers the tags' ops (a dropped op's time is discarded). Recomputations
 # are timed the same way under the tag _REMAT; their times only add up in
@@ -370,7 +370,7 @@ class DTRMode(TorchDispatchMode):
         self.device_type = device.type if device is not None else None
         self.device: Optional[torch.device] = device
         self.version: Dict[int, int] = {}          # storage cdata -> core tensor (current version)
-        self.key: Dict[int, int] = {}              # core tensor -> storage cdata (program-owned versions)
+        self.cdata_of: Dict[int, int] = {}         # core tensor -> storage cdata (program-owned versions)
         self.phys: Dict[int, _Buf] = {}            # core storage -> its buffer
         self.recipes: Dict[int, Recipe] = {}       # core op -> recipe
         self.handle: Dict[int, str] = {}           # core tensor -> log handle
@@ -427,8 +427,8 @@ class DTRMode(TorchDispatchMode):
     def _track(self, x: torch.Tensor) -> int:
         """The core tensor (current version) of x's storage; a constant on first sight."""
         st = _storage(x)
-        key = st._cdata
-        t = self.version.get(key)
+        cdata = st._cdata
+        t = self.version.get(cdata)
         if t is not None and self.phys[self.core.storage_of(t)].dead():
             t = None  # the address of a storage that died since the last poll, reused
         if t is None:
@@ -437,10 +437,10 @@ class DTRMode(TorchDispatchMode):
 
     def _constant(self, st: torch.UntypedStorage) -> int:
         """Register a storage that existed before the block as a constant; its core tensor."""
-        key = st._cdata
+        cdata = st._cdata
         t = self.core.constant(st.nbytes())
-        self.version[key] = t
-        self.key[t] = key
+        self.version[cdata] = t
+        self.cdata_of[t] = cdata
         self.phys[self.core.storage_of(t)] = _Buf(st, owned=True, shared=True)
         h = self.handle[t] = self._new_handle()
         self.alive[h] = t
@@ -516,9 +516,9 @@ class DTRMode(TorchDispatchMode):
 
     def _release(self, h: str) -> None:
         t = self.alive.pop(h)
-        key = self.key.pop(t, None)
-        if key is not None and self.version.get(key) == t:
-            del self.version[key]
+        cdata = self.cdata_of.pop(t, None)
+        if cdata is not None and self.version.get(cdata) == t:
+            del self.version[cdata]
         if self.recorder is not None:
             self.recorder.release(h)
         core = self.core
@@ -588,9 +588,9 @@ class DTRMode(TorchDispatchMode):
         if tag is _REMAT:
             self.remat_seconds += ns * 1e-9
             return
-        op, key, func = tag
+        op, sig, func = tag
         self.core.set_cost(op, ns)
-        self.provisional.observe(key, func, ns)
+        self.provisional.observe(sig, func, ns)
 
     def _view(self, slot: Slot) -> torch.Tensor:
         st = self.phys[self.core.storage_of(slot.tensor)].get()
@@ -713,8 +713,8 @@ class DTRMode(TorchDispatchMode):
         return True
 
     # ---------------------------------------------------------------- dispatch
-    def _predict(self, func, leaves, spec, key) -> _Prediction:
-        pred = self.predictions.get(key)
+    def _predict(self, func, leaves, spec, sig) -> _Prediction:
+        pred = self.predictions.get(sig)
         if pred is not None:
             return pred
         try:
@@ -735,7 +735,7 @@ class DTRMode(TorchDispatchMode):
             pred = _Prediction(None, None, [])
         if len(self.predictions) >= _MAX_PREDICTIONS:  # a bound for programs with ever-new shapes
             self.predictions.clear()
-        self.predictions[key] = pred
+        self.predictions[sig] = pred
         return pred
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -769,8 +769,8 @@ class DTRMode(TorchDispatchMode):
         layouts = tuple([((tuple(x.shape), tuple(x.stride()), x.dtype) if not _opaque(x)
                           else (x.layout, x.dtype)) if isinstance(x, torch.Tensor)  # (Note [Other layouts])
                          else _hashable(x) for x in leaves])
-        key = (func, layouts)
-        pred = self._predict(func, leaves, spec, key)
+        sig = (func, layouts)
+        pred = self._predict(func, leaves, spec, sig)
         if pred.sizes is None:  # no meta kernel: run it first, account for it after
             return self._run_unpredicted(func, args, kwargs, leaves, spec, ins, tpos)
         sizes = list(pred.sizes)
@@ -810,13 +810,13 @@ class DTRMode(TorchDispatchMode):
             core.set_remat_limit(remat_allowance(self.thrash_limit, core.base_compute))
         op = core.begin_call(ins, all_sizes, [-1] * len(all_sizes), inplace_of, cost)
         try:
-            out, flat_out, cost, pending = self._execute(func, args, kwargs, cost, key)
+            out, flat_out, cost, pending = self._execute(func, args, kwargs, cost, sig)
         except BaseException:
             core.abort_call(op)
             raise
-        # An op that writes nothing leaves its inputs' layouts as they were: the recipe reuses the key's.
+        # An op that writes nothing leaves its inputs' layouts as they were: the recipe reuses the signature's.
         self._commit(op, func, leaves, spec, ins, tpos, sizes, pred.owning, flat_out, plain_writes, const_writes,
-                     rng, cost, None if pending is None else (pending, key),
+                     rng, cost, None if pending is None else (pending, sig),
                      None if plain_writes or const_writes else layouts)
         return out
 
@@ -854,7 +854,7 @@ class DTRMode(TorchDispatchMode):
     # a 12-parameter MLP the second moments came back wrong). A write to a
     # storage that protecting pinned is therefore a write to a constant too,
     # protected in turn (which may pin more, until nothing changes).
-    def _execute(self, func, args, kwargs, cost: float, key: Any):
+    def _execute(self, func, args, kwargs, cost: float, sig: Any):
         """Run the op for real; returns (result, flattened result, cost, pending measurement or None).
 
         The cost is the measured one, or the estimate given (flops), or, while
@@ -863,8 +863,8 @@ class DTRMode(TorchDispatchMode):
         pending = None
         if self.cost_model.measured:
             timer = self.timer
-            if timer.samples and key is not None:
-                known = self.provisional.sampled(key)
+            if timer.samples and sig is not None:
+                known = self.provisional.sampled(sig)
                 if known is not None:  # Note [Sampled timing on CUDA]
                     out = func(*args, **kwargs)
                     return out, tree_flatten(out)[0], known, None
@@ -879,7 +879,7 @@ class DTRMode(TorchDispatchMode):
                 cost = m
             else:
                 pending = m
-                cost = self.provisional.guess(key, func, m.host_ns)
+                cost = self.provisional.guess(sig, func, m.host_ns)
         else:
             out = func(*args, **kwargs)
         return out, tree_flatten(out)[0], cost, pending
@@ -888,14 +888,14 @@ class DTRMode(TorchDispatchMode):
                 rng, cost, pending=None, layouts=None) -> None:
         """Register the op's outputs and versions, record it, and finish it in the core.
 
-        ``pending``: (measurement, key) when the op's real cost comes later
+        ``pending``: (measurement, sig) when the op's real cost comes later
         (see Note [Measured costs]); deferred once the op has ended, before
         any compaction could renumber it. ``layouts``: (shape, stride, dtype)
         of each tensor leaf as it is now, or None to read them from the leaves.
         """
         core = self.core
         storage_of, version, key_of, phys, handle, alive = \
-            core.storage_of, self.version, self.key, self.phys, self.handle, self.alive
+            core.storage_of, self.version, self.cdata_of, self.phys, self.handle, self.alive
         outs = core.op_outputs(op)
         new_tensors = outs[:len(sizes)]
         out_slots = []
@@ -919,8 +919,8 @@ class DTRMode(TorchDispatchMode):
             self.phys[core.storage_of(old)] = _Buf(torch.UntypedStorage(0, device=st.device), owned=True)
             self.phys[core.storage_of(new)] = _Buf(st, owned=False)
             self.version[st._cdata] = new
-            self.key.pop(old, None)
-            self.key[new] = st._cdata
+            self.cdata_of.pop(old, None)
+            self.cdata_of[new] = st._cdata
             h = self.handle[new] = self.handle[old]
             if h in self.alive:
                 self.alive[h] = new
@@ -1064,9 +1064,9 @@ class DTRMode(TorchDispatchMode):
         device = kwargs.get("device")
         if (torch.device(device).type if device is not None else "cpu") != self.device_type:
             return None
-        key = (func, "factory", tuple((tuple(x.shape), tuple(x.stride()), x.dtype, x.device)
+        sig = (func, "factory", tuple((tuple(x.shape), tuple(x.stride()), x.dtype, x.device)
                                       if isinstance(x, torch.Tensor) else _hashable(x) for x in leaves))
-        pred = self.predictions.get(key)
+        pred = self.predictions.get(sig)
         if pred is None:
             try:
                 mout = tree_flatten(func(*args, **dict(kwargs, device=torch.device("meta"))))[0]
@@ -1078,7 +1078,7 @@ class DTRMode(TorchDispatchMode):
                 pred = _Prediction(None, None, [])
             if len(self.predictions) >= _MAX_PREDICTIONS:
                 self.predictions.clear()
-            self.predictions[key] = pred
+            self.predictions[sig] = pred
         if pred.sizes is None or not pred.sizes:
             return None
         sizes = list(pred.sizes)
@@ -1160,8 +1160,8 @@ class DTRMode(TorchDispatchMode):
         """
         if not self._trackable(x) or self not in _get_current_dispatch_mode_stack():
             return
-        key = _storage(x)._cdata
-        t = self.version.get(key)
+        cdata = _storage(x)._cdata
+        t = self.version.get(cdata)
         if t is None or self.phys[self.core.storage_of(t)].dead():
             return  # not dtr's: nothing to bring back
         with _disable_current_modes():
@@ -1190,9 +1190,9 @@ class DTRMode(TorchDispatchMode):
             for t in core.storage_tensors(s):
                 self.handle.pop(t, None)
                 self.versions.pop(t, None)
-                key = self.key.pop(t, None)
-                if key is not None and self.version.get(key) == t:
-                    del self.version[key]
+                cdata = self.cdata_of.pop(t, None)
+                if cdata is not None and self.version.get(cdata) == t:
+                    del self.version[cdata]
         self._live_after_gc = len(self.recipes)
         if 2 * (core.num_collected_storages - self._collected_after_compact) > core.num_storages or \
                 2 * self._collected_ops > core.num_ops:
@@ -1223,7 +1223,7 @@ class DTRMode(TorchDispatchMode):
         self.recipes = recipes
         self.phys = {storages[s]: b for s, b in self.phys.items() if storages[s] >= 0}
         self.handle = {tensors[t]: h for t, h in self.handle.items() if tensors[t] >= 0}
-        self.key = {tensors[t]: k for t, k in self.key.items() if tensors[t] >= 0}
+        self.cdata_of = {tensors[t]: k for t, k in self.cdata_of.items() if tensors[t] >= 0}
         self.versions = {tensors[t]: n for t, n in self.versions.items() if tensors[t] >= 0}
         self.version = {k: tensors[t] for k, t in self.version.items() if tensors[t] >= 0}
         self.alive = {h: tensors[t] for h, t in self.alive.items()}  # referenced: always kept
