@@ -1,4 +1,4 @@
-"""Writing what the runtime did as a v1 log (DESIGN.md section 3).
+"""Writing what the runtime did as a v1 log (the format: README.md, "Log format v1").
 
 Every core call the runtime makes becomes one line, so replaying the log in
 ``dtr-sim replay`` with the same budget and heuristic makes the same decisions
