@@ -1,86 +1,7 @@
 """The dispatch mode that feeds every PyTorch op to the core and carries out its decisions.
 
-# Note [Evicting storages in place]
-# dtr frees a storage's bytes with ``UntypedStorage.resize_(0)`` and refills it
-# with ``resize_(n)`` plus a copy of the recomputed value, as FSDP2 does. Every
-# tensor object viewing the storage (the user's, its views, autograd's saved
-# tensors) stays valid and sees the value again once it is refilled; version
-# counters are untouched because the copy goes through a fresh tensor. A
-# wrapper-subclass design would have to wrap every tensor and unwrap it per op;
-# freeing in place costs nothing on the hot path for tensors that are resident.
-#
-# Note [Adopting recomputed bytes]
-# A recomputation runs the op as it first ran, so each output it brings back
-# has the layout the evicted version had. Rather than refill the version's
-# storage (resize_(n): fresh pages) and copy the new output into it (one more
-# pass over the bytes), the runtime swaps the new output's buffer into the
-# evicted storage (``UntypedStorage._swap_data_ptr_``: an evicted storage holds
-# 0 bytes, so the swap is allowed) and drops the now empty output. On the GPT
-# benchmark at 15% the copies and refills were 0.64 s of 1.42 s spent
-# recomputing. A layout mismatch, two outputs sharing one buffer, or a torch
-# without the method (2.11 has none) falls back to refill-and-copy, which holds
-# the op's outputs twice for a moment: the real peak can pass the budget by
-# them. Likewise a recomputed in-place op starts its new version as a copy of
-# the old one only if it reads it: a fill or in-place sampler (dropout's
-# bernoulli_) that covers its whole storage gets a fresh buffer
-# (effects.overwrites_self).
-#
-# Note [Constants from earlier blocks]
-# A constant enters the core when an op first touches it, so a step counted
-# the gradients only from its backward on: its forward could spend their share
-# of the budget although they were resident all along (on the GPT benchmark
-# the measured peak ran 34 MiB over a 117 MiB budget, all of it gradients and
-# later layers' weights). The budget is meant as a device cap, so when a block
-# ends, the storages the program still holds are remembered (weakly, per
-# device type) and the next block on that device counts those still alive
-# from its first op, as constants (only after a block that ended normally: a
-# failed one leaves the program's state to its traceback, not to the next
-# block). One ``with`` per training step thus counts
-# parameters, gradients and optimizer state from the start of every step after
-# the first; with one ``with`` around all steps they stay in the core anyway.
-# A remembered storage the program drops is dead, so it is freed at a poll.
-#
-# Note [Versions]
-# The core sees one tensor per *version* of a physical storage. A view is not
-# a new core tensor (it shares the storage, so it comes back with it). An
-# in-place op creates a new version that takes over the buffer; the old version
-# loses its bytes but stays recomputable into a fresh buffer if something
-# evicted still needs the old value. Recorded ops refer to their inputs by
-# version (a Slot), never by the tensor object, so a recomputation always reads
-# the value the op originally read.
-#
-# Note [Sizes before allocation]
-# The core makes room *before* an op allocates, so output sizes are needed in
-# advance: the op runs once on meta tensors and the result is cached by op and
-# input shapes/strides/dtypes, so a training loop pays for it once: the cache is
-# process-wide, shared by every block (with one block per training step, a
-# cache per block reran every op on meta tensors each step: 15-25% of a small
-# CNN's step).
-#
-# Note [Liveness]
-# The runtime holds only *weak* references to the storages the program owns
-# (user variables, views and autograd's saved tensors hold the strong ones), so
-# a storage the program drops is freed by PyTorch at once, exactly as without
-# dtr. The core learns of it at the next poll, and until then counts it as
-# resident: its accounting errs on the safe side. Before every op, the
-# storages that the last _RECENT_OPS ops read or wrote are checked: most die
-# right after their last use (a variable rebound, autograd dropping a node's
-# saved tensors once the node's backward ops ran). Every _POLL_EVERY ops (or,
-# under a budget and not recording, every len(alive) / 4 ops when more live:
-# amortized O(1) per op), whenever room must be made, and before any
-# recomputation, all are checked. When only tracking (no budget, no log), the
-# scheduled check waits for an op that could set a new peak: below the peak,
-# a late release changes nothing the program or the stats see (the core's
-# memory, dead tensors included, can only reach the peak through such an op,
-# so what dtr holds stays bounded by it). On the H100's 12-layer GPT this took
-# budget(None) from 1.33x to 1.14x plain with flop costs (the host runs ahead
-# of the GPU by less than a dead-tensor scan of every live tensor each 16 ops);
-# on the 2-core CPU's GPT it made no measurable difference.
-# Checking all at every op costs O(live tensors) per op, quadratic over a
-# TreeLSTM step; checking all only every 16 ops made recorded logs release
-# tensors up to 16 ops late (an 11% higher peak on the LSTM log), which the
-# simulator then counted as live. Buffers dtr owns (an old version's value
-# brought back for a recomputation) are held strongly.
+The design and its measurements: docs/runtime-design.md; the rules are in the
+Note [...] blocks next to the code they explain.
 """
 from __future__ import annotations
 
@@ -111,13 +32,58 @@ _free_weak_ref = torch.UntypedStorage._free_weak_ref
 _refcount = sys.getrefcount
 # Tensor.untyped_storage unwrapped: a block wraps the public method (Note [Escaped memory] in escapes.py).
 _storage = torch._C.TensorBase.untyped_storage
+# Note [Liveness]
+# The runtime holds only *weak* references to the storages the program owns
+# (user variables, views and autograd's saved tensors hold the strong ones), so
+# a storage the program drops is freed by PyTorch at once, exactly as without
+# dtr. The core learns of it at the next poll, and until then counts it as
+# resident: its accounting errs on the safe side. Before every op, the
+# storages that the last _RECENT_OPS ops read or wrote are checked: most die
+# right after their last use (a variable rebound, autograd dropping a node's
+# saved tensors once the node's backward ops ran). Every _POLL_EVERY ops (or,
+# under a budget and not recording, every len(alive) / 4 ops when more live:
+# amortized O(1) per op), whenever room must be made, and before any
+# recomputation, all are checked. When only tracking (no budget, no log), the
+# scheduled check waits for an op that could set a new peak: below the peak,
+# a late release changes nothing the program or the stats see (the core's
+# memory, dead tensors included, can only reach the peak through such an op,
+# so what dtr holds stays bounded by it). On the H100's 12-layer GPT this took
+# budget(None) from 1.33x to 1.14x plain with flop costs (the host runs ahead
+# of the GPU by less than a dead-tensor scan of every live tensor each 16 ops);
+# on the 2-core CPU's GPT it made no measurable difference.
+# Checking all at every op costs O(live tensors) per op, quadratic over a
+# TreeLSTM step; checking all only every 16 ops made recorded logs release
+# tensors up to 16 ops late (an 11% higher peak on the LSTM log), which the
+# simulator then counted as live. Buffers dtr owns (an old version's value
+# brought back for a recomputation) are held strongly.
 _POLL_EVERY = 16
 _RECENT_OPS = 4     # see Note [Liveness]
 _MAX_VERSIONS = 8   # see Note [Version chains]
 _GC_MIN_OPS = 256
 _MAX_PREDICTIONS = 1 << 16
+# Note [Sizes before allocation]
+# The core makes room *before* an op allocates, so output sizes are needed in
+# advance: the op runs once on meta tensors and the result is cached by op and
+# input shapes/strides/dtypes, so a training loop pays for it once: the cache is
+# process-wide, shared by every block (with one block per training step, a
+# cache per block reran every op on meta tensors each step: 15-25% of a small
+# CNN's step).
 _PREDICTIONS: Dict[Any, "_Prediction"] = {}  # (op, argument shapes...) -> output sizes, process-wide
 _SWAP = hasattr(torch.UntypedStorage, "_swap_data_ptr_")  # see Note [Adopting recomputed bytes]
+# Note [Constants from earlier blocks]
+# A constant enters the core when an op first touches it, so a step counted
+# the gradients only from its backward on: its forward could spend their share
+# of the budget although they were resident all along (on the GPT benchmark
+# the measured peak ran 34 MiB over a 117 MiB budget, all of it gradients and
+# later layers' weights). The budget is meant as a device cap, so when a block
+# ends, the storages the program still holds are remembered (weakly, per
+# device type) and the next block on that device counts those still alive
+# from its first op, as constants (only after a block that ended normally: a
+# failed one leaves the program's state to its traceback, not to the next
+# block). One ``with`` per training step thus counts
+# parameters, gradients and optimizer state from the start of every step after
+# the first; with one ``with`` around all steps they stay in the core anyway.
+# A remembered storage the program drops is dead, so it is freed at a poll.
 _CARRIED: Dict[str, List[StorageWeakRef]] = {}  # see Note [Constants from earlier blocks]
 _REMAT = "remat"    # the timer's tag of a recomputation (see Note [Measured costs])
 _SEEDED = torch.Tag.nondeterministic_seeded  # a random op: its generator state is saved for recomputation
@@ -246,6 +212,14 @@ class _Buf:
         return _expired(self.weak)
 
 
+# Note [Versions]
+# The core sees one tensor per *version* of a physical storage. A view is not
+# a new core tensor (it shares the storage, so it comes back with it). An
+# in-place op creates a new version that takes over the buffer; the old version
+# loses its bytes but stays recomputable into a fresh buffer if something
+# evicted still needs the old value. Recorded ops refer to their inputs by
+# version (a Slot), never by the tensor object, so a recomputation always reads
+# the value the op originally read.
 class Slot(NamedTuple):
     """A tensor argument or output of a recorded op: a view of one storage version."""
 
@@ -539,6 +513,14 @@ class DTRMode(TorchDispatchMode):
     # block. dtr drops its own reference instead: the memory goes when the
     # last other owner (the NumPy array) lets it go, no longer PyTorch's to
     # count.
+    # Note [Evicting storages in place]
+    # dtr frees a storage's bytes with ``UntypedStorage.resize_(0)`` and refills it
+    # with ``resize_(n)`` plus a copy of the recomputed value, as FSDP2 does. Every
+    # tensor object viewing the storage (the user's, its views, autograd's saved
+    # tensors) stays valid and sees the value again once it is refilled; version
+    # counters are untouched because the copy goes through a fresh tensor. A
+    # wrapper-subclass design would have to wrap every tensor and unwrap it per op;
+    # freeing in place costs nothing on the hot path for tensors that are resident.
     def _on_evict(self, s: int) -> None:
         buf = self.phys.get(s)
         st = buf.get() if buf is not None else None
@@ -693,6 +675,21 @@ class DTRMode(TorchDispatchMode):
             src.resize_(0)
         return self._view(slot._replace(tensor=new))
 
+    # Note [Adopting recomputed bytes]
+    # A recomputation runs the op as it first ran, so each output it brings back
+    # has the layout the evicted version had. Rather than refill the version's
+    # storage (resize_(n): fresh pages) and copy the new output into it (one more
+    # pass over the bytes), the runtime swaps the new output's buffer into the
+    # evicted storage (``UntypedStorage._swap_data_ptr_``: an evicted storage holds
+    # 0 bytes, so the swap is allowed) and drops the now empty output. On the GPT
+    # benchmark at 15% the copies and refills were 0.64 s of 1.42 s spent
+    # recomputing. A layout mismatch, two outputs sharing one buffer, or a torch
+    # without the method (2.11 has none) falls back to refill-and-copy, which holds
+    # the op's outputs twice for a moment: the real peak can pass the budget by
+    # them. Likewise a recomputed in-place op starts its new version as a copy of
+    # the old one only if it reads it: a fill or in-place sampler (dropout's
+    # bernoulli_) that covers its whole storage gets a fresh buffer
+    # (effects.overwrites_self).
     def _adopt(self, slot: Slot, o: torch.Tensor) -> bool:
         """Move the recomputed output's bytes into the version's storage; False if its layout differs.
 

@@ -1,72 +1,4 @@
-"""Measuring op times for ``cost_model="time"``: host wall time on CPU, CUDA events on CUDA.
-
-# Note [Timing on CUDA]
-# A CUDA op returns to the host once its kernels are queued, so a host clock
-# around it measures the launch, not the work. Synchronizing after every op
-# would measure the work but stall the host until the GPU drained its queue,
-# every op: the host could never run ahead, which is what hides the runtime's
-# per-op overhead. CudaEventTimer records a timing event on the current stream
-# before and after the op and keeps the pair pending; at every later op the
-# runtime polls the *oldest* pending pairs with ``end.query()`` (non-blocking)
-# and each finished one is resolved with ``start.elapsed_time(end)``: the op's
-# real cost reaches the core through ``Core.set_cost`` a few ops late. Until
-# then the core works with a provisional cost (Note [Provisional costs]).
-#
-# The one synchronization: when more than ``max_pending`` measurements are
-# still in flight after a poll, the oldest ones are waited for with
-# ``end.synchronize()``. That happens only when the GPU is more than
-# ``max_pending`` (64) ops behind the host, and it waits only for the oldest
-# op, so the GPU keeps the rest of its queue and never idles; it bounds how
-# stale the core's costs can be and how many events are in flight. The end of
-# a ``dtr.budget`` block also waits for what is still pending (flush), once.
-#
-# What an event pair measures is the stream's time from the start event to
-# the end event: the op's kernels, and, when the GPU was idle waiting for the
-# host, the host's launch latency in between (what running the op again would
-# take, too). Costs are whole nanoseconds, as on CPU (perf_counter_ns), so the
-# core's cost sums stay exact. Events are pooled and reused (recording an
-# event again overwrites it), so timing allocates nothing per op once warm.
-# They are recorded on the current stream of the current device, looked up
-# through the raw stream handle (``torch.cuda.Event.record()`` without a stream
-# calls ``torch.cuda.current_stream()``, 30 us of Python per call: two calls
-# per op were 0.11 s of a 0.49 s step of a 12-layer GPT on an H100). One CUDA
-# device per budget is assumed (an event can only be recorded on the device
-# it was first recorded on). Polling stops at the first pending pair not yet
-# complete: with ops on one stream, later pairs cannot be complete either.
-#
-# Note [Provisional costs]
-# The core needs an op's cost when the op ends (its clock, its storages'
-# costs). While the event pair is in flight, the runtime gives it an estimate:
-# the last measured time of the same op on the same argument shapes (the key
-# of the output-size cache), else the mean measured time of the same operator
-# overload, else the host time of the call (what the CPU path measures).
-# A training loop repeats its ops with the same shapes, so from its second
-# step every estimate is the op's time one step ago, usually within noise of
-# the real one; in the first step, same-overload means (earlier layers) beat
-# the host time, which is a launch time. The alternative of converting the
-# flop model's estimate at a measured flop rate was rejected: the rate differs
-# by orders of magnitude between matrix products and memory-bound ops, and the
-# flop formulas would cost more host time per op than the lookup. The estimate
-# is replaced by the real cost (Core.set_cost) as soon as the events resolve;
-# what the estimate already advanced (the core's clock, i.e. staleness, and
-# any recomputation counted meanwhile) is not rewritten.
-#
-# Note [Sampled timing on CUDA]
-# Recording, polling and resolving two events per op is host work, and on a
-# GPU the host is what keeps ahead of the device. On a 12-layer GPT on an H100
-# (1815 ops, 0.26 s plain; benchmarks/bench_tracking_cuda.py), budget(None)
-# took 1.64x plain with every op timed and 1.33x with flop estimates, while a
-# do-nothing dispatch mode took 1.00x. Sampling alone made it 1.34x; with the
-# tracking-only polls of Note [Liveness] (dtr/runtime/mode.py), 1.30x.
-# A training step repeats its ops with the same shapes (layer after layer, step
-# after step), so the event timer samples: the first MEASURE_FIRST times an op
-# key (op and argument shapes) runs in a block it is timed, then one run in
-# RESAMPLE_EVERY (to follow clocks and contention); the others run untimed and
-# take the key's last measured time, which is final at the op's end (no
-# set_cost). A key whose measurement has not resolved yet is timed again. The
-# CPU timer (two clock reads) always times. Recomputations are always timed:
-# they make remat_seconds.
-"""
+"""Measuring op times for ``cost_model="time"``: host wall time on CPU, CUDA events on CUDA."""
 from __future__ import annotations
 
 import time
@@ -148,6 +80,39 @@ def _plain_record(event: Any) -> None:
     event.record()
 
 
+# Note [Timing on CUDA]
+# A CUDA op returns to the host once its kernels are queued, so a host clock
+# around it measures the launch, not the work. Synchronizing after every op
+# would measure the work but stall the host until the GPU drained its queue,
+# every op: the host could never run ahead, which is what hides the runtime's
+# per-op overhead. CudaEventTimer records a timing event on the current stream
+# before and after the op and keeps the pair pending; at every later op the
+# runtime polls the *oldest* pending pairs with ``end.query()`` (non-blocking)
+# and each finished one is resolved with ``start.elapsed_time(end)``: the op's
+# real cost reaches the core through ``Core.set_cost`` a few ops late. Until
+# then the core works with a provisional cost (Note [Provisional costs]).
+#
+# The one synchronization: when more than ``max_pending`` measurements are
+# still in flight after a poll, the oldest ones are waited for with
+# ``end.synchronize()``. That happens only when the GPU is more than
+# ``max_pending`` (64) ops behind the host, and it waits only for the oldest
+# op, so the GPU keeps the rest of its queue and never idles; it bounds how
+# stale the core's costs can be and how many events are in flight. The end of
+# a ``dtr.budget`` block also waits for what is still pending (flush), once.
+#
+# What an event pair measures is the stream's time from the start event to
+# the end event: the op's kernels, and, when the GPU was idle waiting for the
+# host, the host's launch latency in between (what running the op again would
+# take, too). Costs are whole nanoseconds, as on CPU (perf_counter_ns), so the
+# core's cost sums stay exact. Events are pooled and reused (recording an
+# event again overwrites it), so timing allocates nothing per op once warm.
+# They are recorded on the current stream of the current device, looked up
+# through the raw stream handle (``torch.cuda.Event.record()`` without a stream
+# calls ``torch.cuda.current_stream()``, 30 us of Python per call: two calls
+# per op were 0.11 s of a 0.49 s step of a 12-layer GPT on an H100). One CUDA
+# device per budget is assumed (an event can only be recorded on the device
+# it was first recorded on). Polling stops at the first pending pair not yet
+# complete: with ops on one stream, later pairs cannot be complete either.
 class CudaEventTimer:
     """Times ops with CUDA events, resolved lazily (see Note [Timing on CUDA]).
 
@@ -262,6 +227,22 @@ MEASURE_FIRST = 2     # see Note [Sampled timing on CUDA]
 RESAMPLE_EVERY = 16
 
 
+# Note [Provisional costs]
+# The core needs an op's cost when the op ends (its clock, its storages'
+# costs). While the event pair is in flight, the runtime gives it an estimate:
+# the last measured time of the same op on the same argument shapes (the key
+# of the output-size cache), else the mean measured time of the same operator
+# overload, else the host time of the call (what the CPU path measures).
+# A training loop repeats its ops with the same shapes, so from its second
+# step every estimate is the op's time one step ago, usually within noise of
+# the real one; in the first step, same-overload means (earlier layers) beat
+# the host time, which is a launch time. The alternative of converting the
+# flop model's estimate at a measured flop rate was rejected: the rate differs
+# by orders of magnitude between matrix products and memory-bound ops, and the
+# flop formulas would cost more host time per op than the lookup. The estimate
+# is replaced by the real cost (Core.set_cost) as soon as the events resolve;
+# what the estimate already advanced (the core's clock, i.e. staleness, and
+# any recomputation counted meanwhile) is not rewritten.
 class ProvisionalCosts:
     """Estimates of op times not measured yet (see Note [Provisional costs])."""
 
@@ -270,6 +251,21 @@ class ProvisionalCosts:
         self._by_func: Dict[Any, List[float]] = {}  # func -> [sum of ns, count]
         self._runs: Dict[Hashable, int] = {}
 
+    # Note [Sampled timing on CUDA]
+    # Recording, polling and resolving two events per op is host work, and on a
+    # GPU the host is what keeps ahead of the device. On a 12-layer GPT on an H100
+    # (1815 ops, 0.26 s plain; benchmarks/bench_tracking_cuda.py), budget(None)
+    # took 1.64x plain with every op timed and 1.33x with flop estimates, while a
+    # do-nothing dispatch mode took 1.00x. Sampling alone made it 1.34x; with the
+    # tracking-only polls of Note [Liveness] (dtr/runtime/mode.py), 1.30x.
+    # A training step repeats its ops with the same shapes (layer after layer, step
+    # after step), so the event timer samples: the first MEASURE_FIRST times an op
+    # key (op and argument shapes) runs in a block it is timed, then one run in
+    # RESAMPLE_EVERY (to follow clocks and contention); the others run untimed and
+    # take the key's last measured time, which is final at the op's end (no
+    # set_cost). A key whose measurement has not resolved yet is timed again. The
+    # CPU timer (two clock reads) always times. Recomputations are always timed:
+    # they make remat_seconds.
     def sampled(self, key: Hashable) -> Optional[float]:
         """Count a run of ``key``: its last measured time when this run need not be timed, else None.
 
