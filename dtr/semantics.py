@@ -113,7 +113,7 @@ def check_thrash_limit(value: object) -> float:
     """
     if value is None:
         return math.inf
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not value >= 1:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not float(value) >= 1:
         raise ValueError(f"the thrash limit must be a number >= 1 (total compute allowed, as a multiple of the "
                          f"program's own) or None for no limit, not {value!r}")
     return float(value)

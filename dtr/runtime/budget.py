@@ -5,7 +5,7 @@ import gc
 import json
 import os
 import warnings
-from typing import Optional, Union
+from typing import List, Optional, Union
 
 import torch
 from torch.utils._python_dispatch import _disable_current_modes, _get_current_dispatch_mode_stack
@@ -78,7 +78,8 @@ def _clear_own_frames(exc: BaseException) -> None:
     right before one of them: the wrappers around ``__torch_dispatch__``
     (they hold the mode among their arguments).
     """
-    seen, stack = set(), [exc]
+    seen: set = set()
+    stack: List[Optional[BaseException]] = [exc]
     while stack:
         e = stack.pop()
         if e is None or id(e) in seen:
@@ -139,8 +140,8 @@ class Budget:
         if not isinstance(eqclass_split, bool):
             raise TypeError(f"eqclass_split must be True or False, not {eqclass_split!r}")
         self.semantics = RUNTIME.replace(eqclass_split=eqclass_split)
-        self._options = dict(sample=sample, seed=seed)
-        make_config(self.heuristic, self.budget_bytes, semantics=self.semantics, **self._options)  # checks them now
+        self._seed, self._sample = seed, sample
+        make_config(self.heuristic, self.budget_bytes, semantics=self.semantics, seed=seed, sample=sample)  # checks
         self._device = _checked_device(device)
         self._core: Optional[Core] = None
         self._mode: Optional[DTRMode] = None
@@ -156,6 +157,7 @@ class Budget:
         return self._read_stats()
 
     def _read_stats(self) -> dict:
+        assert self._core is not None and self._mode is not None, "only once the block has begun"
         c = self._core.counters
         return {
             "budget_bytes": self.budget_bytes,
@@ -178,7 +180,8 @@ class Budget:
             # Two cores would each evict and recompute storages the other one counts as resident.
             raise RuntimeError("dtr.budget blocks do not nest: this block is inside another dtr.budget block; "
                                "use one block (the outer one's budget applies to everything inside it)")
-        self._core = Core(self.heuristic, self.budget_bytes, semantics=self.semantics, **self._options)
+        self._core = Core(self.heuristic, self.budget_bytes, semantics=self.semantics, seed=self._seed,
+                          sample=self._sample)
         recorder = None
         if self.log_path is not None:  # the meta line records the semantics: a replay makes the same decisions
             recorder = LogRecorder(self.log_path, {
@@ -201,7 +204,8 @@ class Budget:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        mode = self._mode
+        mode, core = self._mode, self._core
+        assert mode is not None and core is not None, "__exit__ without __enter__"
         if exc is not None:
             _clear_own_frames(exc)  # see Note [Nothing of a failed block stays alive]
         try:
@@ -228,7 +232,7 @@ class Budget:
             self._final = self._read_stats()
             if mode.recorder is not None:
                 mode.recorder.close()
-            self._core.set_hooks()
+            core.set_hooks()
             # Drop dtr's references: recipes, buffers, the core.
             mode.recipes.clear()
             mode.phys.clear()

@@ -61,8 +61,8 @@ def written_args(func: torch._ops.OpOverload, args: Sequence, kwargs: dict) -> L
     rules = _rules_cache.get(func)
     if rules is None:
         rules = _rules_cache[func] = (schema_writes(func)[0], _HIDDEN_WRITES.get(func._schema.name))
-    writes, hidden = rules
-    writes = list(writes)
+    declared, hidden = rules
+    writes = list(declared)
     if hidden is not None:
         writes += [i for i in hidden(args, kwargs) if i not in writes]
     return writes

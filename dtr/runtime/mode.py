@@ -20,7 +20,7 @@ from dtr.errors import OutOfBudgetError, ThrashingError
 from dtr.runtime.costs import CostModel
 from dtr.runtime.effects import overwrites_self, schema_writes, written_args
 from dtr.runtime.recorder import LogRecorder
-from dtr.runtime.timing import ProvisionalCosts, make_timer
+from dtr.runtime.timing import ProvisionalCosts, Timer, WallTimer, make_timer
 from dtr.semantics import remat_allowance
 
 __all__ = ["DTRMode", "Slot"]
@@ -32,6 +32,7 @@ _free_weak_ref = torch.UntypedStorage._free_weak_ref
 _refcount = sys.getrefcount
 # Tensor.untyped_storage unwrapped: a block wraps the public method (Note [Escaped memory] in escapes.py).
 _storage = torch._C.TensorBase.untyped_storage
+
 # Note [Liveness]
 # The runtime holds only *weak* references to the storages the program owns
 # (user variables, views and autograd's saved tensors hold the strong ones), so
@@ -209,7 +210,14 @@ class _Buf:
             # hold the storage object itself (a storage's clone, a torch.load), which counts no tensor.
             return self.dropped or (self.shared and _use_count(self.strong._cdata) <= 1
                                     and _refcount(self.strong) <= 2)
-        return _expired(self.weak)
+        return bool(_expired(self.weak))
+
+    def live(self) -> torch.UntypedStorage:
+        """The storage, which dtr holds or the program still does: for buffers dtr is about to read or write."""
+        st = self.get()
+        if st is None:
+            raise RuntimeError("dtr internal error: the buffer of a storage dtr needs is gone; please report this")
+        return st
 
 
 # Note [Versions]
@@ -282,6 +290,7 @@ def _unflat(spec: Any, it) -> Any:
 def tree_flatten(tree: Any) -> Tuple[list, Any]:
     """Leaves of nested lists/tuples/dicts of values (dict keys kept in order), and a spec."""
     leaves: list = []
+    spec: tuple
     if isinstance(tree, tuple) and len(tree) == 2 and isinstance(tree[1], dict):  # (args, kwargs)
         args, kwargs = tree
         spec = ("ak", _flat(args, leaves), tuple([(k, _flat(v, leaves)) for k, v in kwargs.items()]))
@@ -318,7 +327,8 @@ def _contiguous(size: Tuple[int, ...], stride: Tuple[int, ...]) -> bool:
 
 
 def _slot(t: int, x: torch.Tensor) -> Slot:
-    return Slot(t, x.storage_offset(), tuple(x.shape), tuple(x.stride()), x.dtype)
+    # (storage_offset() is typed int | SymInt; it is never symbolic here: dtr sees concrete tensors)
+    return Slot(t, x.storage_offset(), tuple(x.shape), tuple(x.stride()), x.dtype)  # type: ignore[arg-type]
 
 
 class _Prediction(NamedTuple):
@@ -359,7 +369,8 @@ class DTRMode(TorchDispatchMode):
         self._collected_after_compact = 0   # collected storages the core kept at the last compaction
         self._collected_ops = 0             # ops collected since the last compaction
         self._next_handle = 0
-        self.timer = None          # set with the device (see Note [Measured costs])
+        # Until the device is known (the block's first op), a wall-clock timer that nothing uses.
+        self.timer: Timer = WallTimer()  # see Note [Measured costs]
         self.provisional = ProvisionalCosts()
         if device is not None:
             self._set_device(device)
@@ -575,7 +586,7 @@ class DTRMode(TorchDispatchMode):
         self.provisional.observe(sig, func, ns)
 
     def _view(self, slot: Slot) -> torch.Tensor:
-        st = self.phys[self.core.storage_of(slot.tensor)].get()
+        st = self.phys[self.core.storage_of(slot.tensor)].live()
         return torch.empty(0, dtype=slot.dtype, device=st.device).set_(st, slot.offset, slot.size, slot.stride)
 
     def _refill(self, t: int) -> torch.UntypedStorage:
@@ -607,7 +618,7 @@ class DTRMode(TorchDispatchMode):
             else:        # the new version starts as a copy of the old one (unless the op overwrites it all)
                 st = self._refill(new)
                 if not self._overwrites_all(r, pos, new):
-                    st.copy_(self.phys[self.core.storage_of(old)].get())
+                    st.copy_(self.phys[self.core.storage_of(old)].live())
                 leaves[pos] = self._view(r.leaves[pos]._replace(tensor=new))
         args, kwargs = tree_unflatten(leaves, r.spec)
         if r.rng is not None:  # replay the random op with the generator state it first saw
@@ -657,7 +668,7 @@ class DTRMode(TorchDispatchMode):
         core's count before the op allocates.
         """
         core = self.core
-        src = self.phys[core.storage_of(old)].get()
+        src = self.phys[core.storage_of(old)].live()
         s = core.storage_of(new)
         n = core.storage_size(s)
         buf = self.phys.get(s)
@@ -666,7 +677,7 @@ class DTRMode(TorchDispatchMode):
             dst = torch.UntypedStorage(0, device=self.device)
             self.phys[s] = _Buf(dst, owned=True, dropped=True)
         if _SWAP and dst.nbytes() == 0 and src.nbytes() == n:
-            dst._swap_data_ptr_(src)
+            dst._swap_data_ptr_(src)  # type: ignore[attr-defined]  # (torch >= 2.12: see _SWAP)
         else:
             if dst.nbytes() != n:
                 dst.resize_(n)
@@ -704,7 +715,7 @@ class DTRMode(TorchDispatchMode):
         if st is None:  # the program dropped it (see Note [Dropped buffers])
             self.phys[s] = _Buf(src, owned=True, dropped=True)
         elif st.nbytes() == 0:
-            st._swap_data_ptr_(src)
+            st._swap_data_ptr_(src)  # type: ignore[attr-defined]  # (torch >= 2.12: see _SWAP)
         else:
             return False
         return True
@@ -1251,7 +1262,8 @@ class DTRMode(TorchDispatchMode):
         """
         core = self.core
         self.poll()
-        budget, failure, lifted = core.budget, None, set()
+        budget, lifted = core.budget, set()
+        failure: Optional[tuple] = None  # (OutOfBudgetError, needed) or (ThrashingError, remat_compute, limit)
         while True:  # each limit is lifted once: at most three rounds
             try:
                 for t in list(self.alive.values()):
@@ -1265,14 +1277,14 @@ class DTRMode(TorchDispatchMode):
                 # (the figures, not the exception: its traceback holds this frame, a cycle that kept the
                 # failed block's tensors alive until the next garbage collection; see budget.py's
                 # Note [Nothing of a failed block stays alive])
-                failure = failure or ((kind, e.needed) if kind is OutOfBudgetError else (kind, e.remat_compute,
-                                                                                         e.limit))
+                if failure is None:
+                    failure = (kind, e.needed) if isinstance(e, OutOfBudgetError) else (kind, e.remat_compute,
+                                                                                         e.limit)
                 if kind is ThrashingError:
                     core.set_remat_limit(float("inf"))
                 else:
                     core.set_budget(None)
-        if self.timer is not None:
-            self.timer.flush()  # the device's last measurements (one wait, at the end of the block)
+        self.timer.flush()  # the device's last measurements (one wait, at the end of the block)
         if failure is not None and failure[0] is OutOfBudgetError:
             raise OutOfBudgetError(budget, max(failure[1], core.memory),
                                    "the tensors the program holds at the end of the block; they were all "
@@ -1293,7 +1305,8 @@ def _opaque_keys(x: torch.Tensor) -> List[Any]:
 
     A write through a part (``S.values().mul_(2)``) changes the tensor as much as a write to it.
     """
-    layout, parts = x.layout, ()
+    layout = x.layout
+    parts: Tuple[torch.Tensor, ...] = ()
     try:
         if layout == torch.sparse_coo:
             parts = (x._indices(), x._values())
@@ -1319,7 +1332,8 @@ def _view_positions(func: Any, out: Any) -> Tuple[int, ...]:
     if not views:
         return ()
     outs = out if len(func._schema.returns) > 1 else (out,)
-    got, n = [], 0
+    got: List[int] = []
+    n = 0
     for k, o in enumerate(outs):
         m = _count_leaves(o)
         if k in views:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from typing import Any, Callable, Deque, Dict, Hashable, List, Optional, Tuple, Union
+from typing import Any, Callable, Deque, Dict, Hashable, List, Optional, Protocol, Tuple, Union
 
 import torch
 
@@ -35,6 +35,9 @@ class WallTimer:
 
     def map_tags(self, fn: Callable[[Any], Any]) -> None:
         pass
+
+    def defer(self, m: "_Pending", tag: Any) -> None:
+        raise AssertionError("a wall-clock measurement is final at once: nothing to defer")
 
 
 class _Pending:
@@ -215,8 +218,23 @@ class CudaEventTimer:
         return ns
 
 
+class Timer(Protocol):
+    """What the runtime asks of a timer (:class:`WallTimer` or :class:`CudaEventTimer`)."""
+
+    pending: Any   # measurements in flight (falsy when none)
+    samples: bool  # whether it times only some runs of an op (Note [Sampled timing on CUDA])
+
+    def start(self) -> Any: ...
+    def stop(self, token: Any) -> Union[float, "_Pending"]: ...
+    def cancel(self, token: Any) -> None: ...
+    def defer(self, m: "_Pending", tag: Any) -> None: ...
+    def poll(self) -> None: ...
+    def flush(self) -> None: ...
+    def map_tags(self, fn: Callable[[Any], Any]) -> None: ...
+
+
 def make_timer(device: Optional[torch.device], on_resolved: Callable[[Any, float], None], *,
-               sync: bool = False) -> Union[WallTimer, CudaEventTimer]:
+               sync: bool = False) -> Timer:
     """The timer for ops on ``device``: CUDA events on CUDA, host wall time elsewhere."""
     if device is not None and device.type == "cuda":
         return CudaEventTimer(on_resolved, sync=sync)

@@ -205,6 +205,7 @@ def plot_overhead(rows, path, *, title: Optional[str] = None, ncols: int = 3) ->
     Raises:
         DtrError: no rows, or a bad figure path.
     """
+    from matplotlib.artist import Artist
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
     plt, groups, order, fig, axes = _log_panels(rows, path, ncols)
@@ -235,7 +236,7 @@ def plot_overhead(rows, path, *, title: Optional[str] = None, ncols: int = 3) ->
         ax.set_xlabel("budget (fraction of peak memory without eviction)")
         ax.set_ylabel("compute overhead (total / base compute, ×)")
         ax.grid(True, alpha=0.3)
-    handles = [Line2D([], [], color=_color(h, order), marker=_marker(h), ms=4.5, lw=1.5,
+    handles: List[Artist] = [Line2D([], [], color=_color(h, order), marker=_marker(h), ms=4.5, lw=1.5,
                       mfc="none" if h == "eqclass" else _color(h, order)) for h in order]
     labels = list(order)
     handles += [Line2D([], [], color="0.2", ls="--"), Line2D([], [], color="0.2", ls=":"),

@@ -15,12 +15,15 @@ import os
 import re
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import asdict, dataclass, fields
-from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 from dtr.errors import DtrError
 from dtr.heuristics import Heuristic, get_heuristic, heuristic_names
 from dtr.semantics import check_thrash_limit
 from dtr.sim.replay import ReplayResult
+
+if TYPE_CHECKING:
+    from dtr.sim.logs import Log
 
 __all__ = ["SweepRow", "FIELDS", "sweep", "parse_ratios", "parse_heuristics", "read_rows", "model_label",
            "row_key"]
@@ -171,7 +174,7 @@ def model_label(log) -> str:
 # work starts (a bad log fails the sweep at once, naming its line) and gives
 # the baseline peak, which the tasks carry so workers never replay it again.
 
-_WORKER_LOGS: Dict[str, object] = {}
+_WORKER_LOGS: Dict[str, "Log"] = {}
 
 
 @dataclass(frozen=True)
@@ -184,7 +187,7 @@ class _Task:
     thrash_limit: float
 
 
-def _run_task(task: _Task, cache: Optional[Dict[str, object]] = None) -> SweepRow:
+def _run_task(task: _Task, cache: Optional[Dict[str, "Log"]] = None) -> SweepRow:
     from dtr.sim.logs import read_log
     from dtr.sim.replay import budget_from_ratio, replay
     cache = _WORKER_LOGS if cache is None else cache
@@ -246,7 +249,7 @@ def sweep(logs: Iterable[PathLike], heuristics: Union[str, Sequence[HeuristicSpe
 
     grid = [(p, h, r) for p in paths for h in hs for r in rs]
     todo_paths = {p for p, h, r in grid if row_key(p, h.name, r, thrash_limit) not in done}
-    local_cache: Dict[str, object] = {}
+    local_cache: Dict[str, "Log"] = {}
     info: Dict[str, Tuple[str, int]] = {}
     for p in paths:
         if p in todo_paths:
@@ -369,7 +372,7 @@ def read_rows(path: PathLike) -> List[SweepRow]:
         if len(cells) < len(header):
             raise DtrError(f"{path}:{lineno}: {len(cells)} cells, expected {len(header)} "
                            f"(an interrupted write? delete this line and rerun)")
-        values = {}
+        values: Dict[str, Any] = {}
         for k, i in index.items():
             text = cells[i]
             try:

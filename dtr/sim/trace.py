@@ -99,7 +99,7 @@ def _residency(raw) -> Tuple[List[List[int]], int]:
     op_storages: Dict[int, List[int]] = {}
     for s, op in enumerate(raw["storage_op"]):
         op_storages.setdefault(op, []).append(s)
-    resident = set()
+    resident: set = set()
     spans: List[List[int]] = [[] for _ in raw["storage_op"]]
     step = 0
     for kind, ident in raw["trace"]:

@@ -178,7 +178,7 @@ class DenseNetBC(nn.Module):
         self.blocks = nn.ModuleList()
         self.transitions = nn.ModuleList()
         for b in range(3):
-            layers = nn.ModuleList()
+            layers = nn.ModuleList()  # (a module list of module lists: typed as such in forward)
             for i in range(m):
                 layers.append(_DenseLayer(c + i * growth, growth))
             self.blocks.append(layers)
@@ -191,7 +191,8 @@ class DenseNetBC(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.stem(x)
-        for b, layers in enumerate(self.blocks):
+        for b, block in enumerate(self.blocks):
+            layers: nn.ModuleList = block  # type: ignore[assignment]  # (each block is a ModuleList)
             features = [x]
             for layer in layers:
                 features.append(layer(features))
