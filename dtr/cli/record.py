@@ -10,12 +10,16 @@ import argparse
 import json
 from typing import Any, Tuple
 
-from dtr.sim.commands import command, int_type
+from dtr.cli.common import command, int_type
 from dtr.units import format_bytes
 
-__all__: list = []
+__all__ = ["COMMANDS"]
 
-# Note [Manifest name]: dtr.zoo.record.MANIFEST_NAME; not imported here, as that imports torch.
+# Note [Manifest name]
+# ~~~~~~~~~~~~~~~~~~~~
+# The default manifest's name, for --manifest's help: dtr.zoo.record.MANIFEST_NAME,
+# copied because importing dtr.zoo imports torch (see Note [Light imports] in
+# dtr.cli.common). tests/test_zoo.py checks that the two agree.
 MANIFEST_NAME = "MANIFEST.json"
 
 
@@ -49,7 +53,8 @@ def _record_args(p: argparse.ArgumentParser) -> None:
 
 
 @command("record", "record one training step of a zoo model as a v1 log", _record_args)
-def _record(args: argparse.Namespace) -> int:
+def record_command(args: argparse.Namespace) -> int:
+    """Record the model's step with :func:`dtr.zoo.record.record_model` and print one line about the log."""
     from dtr.zoo.record import record_model
     out = args.output
     entry = record_model(args.model, out, batch=args.batch, seed=args.seed, cost_model=args.cost_model,
@@ -57,3 +62,7 @@ def _record(args: argparse.Namespace) -> int:
     print(f"{entry['model']}: {entry['ops']} ops, peak {format_bytes(entry['peak_bytes'])} ({entry['peak_bytes']} B), "
           f"{entry['lines']} lines, {format_bytes(entry['bytes'])} -> {out}")
     return 0
+
+
+#: The subcommands of this module.
+COMMANDS = (record_command,)
