@@ -15,13 +15,14 @@ from typing import Any, Callable
 
 from dtr.heuristics import COST_MODES, Heuristic, get_heuristic, heuristic_names
 
-__all__ = ["Command", "command", "add_budget_option", "add_heuristic_options", "heuristic_from_args",
+__all__ = ["Command", "command", "BUDGET_HELP", "add_budget_option", "add_heuristic_options", "heuristic_from_args",
            "thrash_limit_type", "int_type", "positive_seconds", "seed_type", "sample_type", "emit_json"]
 
 # Note [Light imports]
 # ~~~~~~~~~~~~~~~~~~~~
-# `dtr-sim replay` must not import torch, matplotlib or scipy (nor numpy):
-# building the parser imports every command module, so at their top these
+# Building the dtr-sim parser must import none of torch, matplotlib, scipy and
+# numpy, and `dtr-sim replay` neither torch nor matplotlib. Building the
+# parser imports every command module, so at their top these
 # modules import only the standard library and light parts of dtr (errors,
 # heuristics, units, dtr.sim.chain), and each command body imports what it
 # runs (dtr.sim.sweep, dtr.sim.plot, dtr.sim.planners, dtr.zoo.record, ...).

@@ -38,7 +38,8 @@ def _record_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", help="a zoo model (resnet32, densenet-bc, unet, gpt, lstm, treelstm, hf-gpt2)")
     p.add_argument("-o", "--output", required=True, metavar="OUT",
                    help="the log to write (.gz compresses), e.g. logs/MODEL.jsonl.gz")
-    p.add_argument("--batch", type=int_type(1, 2**31 - 1, "--batch"), default=8, metavar="N", help="batch size (default: 8)")
+    p.add_argument("--batch", type=int_type(1, 2**31 - 1, "--batch"), default=8, metavar="N",
+                   help="batch size (default: 8)")
     p.add_argument("--seed", type=int_type(0, 2**63 - 1, "the seed"), default=0, metavar="S",
                    help="seed of the weights, the batch and the step's dropout (default: 0)")
     p.add_argument("--cost-model", choices=("flops", "time"), default="flops",

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import argparse
 
-from dtr.cli.common import Command, add_budget_option, add_heuristic_options, command, emit_json, heuristic_from_args
+from dtr.cli.common import add_budget_option, add_heuristic_options, command, emit_json, heuristic_from_args
 from dtr.errors import DtrError
 from dtr.sim.chain import MAX_CHAIN
 from dtr.units import format_bytes
