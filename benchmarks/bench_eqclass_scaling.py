@@ -71,7 +71,7 @@ def measure(path: pathlib.Path, rounds: int, timeout: float) -> dict:
         for h in HEURISTICS:
             if row[h] and row[h][-1] is None:
                 continue  # it timed out once: do not wait again
-            dt, out = timed([py, "-m", "dtr.sim", "replay", str(path), "--heuristic", h, "--budget", "50%",
+            dt, out = timed([py, "-m", "dtr.cli", "replay", str(path), "--heuristic", h, "--budget", "50%",
                              "--json"], timeout)
             row[h].append(dt)
             if out:

@@ -82,7 +82,7 @@ def speed_section(shared: pathlib.Path, rounds: int) -> list:
     py = sys.executable
     loads = [py, "-c", "import gzip, json, sys\nfor line in gzip.open(sys.argv[1], 'rt'):\n    json.loads(line)\n",
              str(lstm)]
-    sim = [py, "-m", "dtr.sim", "replay", str(lstm), "--budget", "50%", "--json"]
+    sim = [py, "-m", "dtr.cli", "replay", str(lstm), "--budget", "50%", "--json"]
     ratios, t_loads, t_sim = [], [], []
     for _ in range(rounds):
         pair = [("loads", loads), ("sim", sim)]
@@ -110,7 +110,7 @@ def speed_section(shared: pathlib.Path, rounds: int) -> list:
             low[h].append(time.perf_counter() - t)
     med = statistics.median
     return ["## Replay speed (LSTM log, 48.6k lines, gzip)", "",
-            f"Whole process `python -m dtr.sim replay lstm.log.gz --budget 50% --json`: median {med(t_sim):.3f} s; "
+            f"Whole process `python -m dtr.cli replay lstm.log.gz --budget 50% --json`: median {med(t_sim):.3f} s; "
             f"a Python process that only `json.loads` every line: median {med(t_loads):.3f} s.",
             f"Median per-round ratio: **{med(ratios):.2f}x** (target <= 3x; {rounds} rounds, shuffled order).", "",
             f"In-process replay at 50%: eqclass median {1000 * med(in_proc['eqclass']):.1f} ms, dtr (exact e*) "

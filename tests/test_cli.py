@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from dtr.sim.cli import main
+from dtr.cli import main
 
 
 def run(capsys, *argv):
@@ -139,17 +139,35 @@ def test_bad_thrash_limit_exit_2(capsys, data_dir):
 
 
 def test_console_script_and_module_without_torch(data_dir):
-    # `python -m dtr.sim replay` works and imports neither torch nor matplotlib.
+    # `python -m dtr.cli replay` works and imports neither torch nor matplotlib.
     code = ("import sys, runpy; sys.argv = ['dtr-sim', 'replay', %r, '--budget', '35', '--json'];"
-            "from dtr.sim.cli import main; rc = main(sys.argv[1:]);"
+            "from dtr.cli import main; rc = main(sys.argv[1:]);"
             "assert 'torch' not in sys.modules and 'matplotlib' not in sys.modules, 'heavy import';"
             "sys.exit(rc)") % str(data_dir / "small.jsonl")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert p.returncode == 0, p.stderr
     assert json.loads(p.stdout)["remats"] == 1
-    p = subprocess.run([sys.executable, "-m", "dtr.sim", "chain", "--n", "8", "--budget", "sqrt", "--json"],
+    p = subprocess.run([sys.executable, "-m", "dtr.cli", "chain", "--n", "8", "--budget", "sqrt", "--json"],
                        capture_output=True, text=True)
     assert p.returncode == 0 and json.loads(p.stdout)["status"] == "ok"
+
+
+def test_subcommands_and_the_budget_option():
+    # The documented subcommands, in --help's order; replay, export and compare share one --budget.
+    from dtr.cli import COMMANDS, build_parser
+    assert [c.name for c in COMMANDS] == ["replay", "chain", "export", "compare", "sweep", "plot", "record"]
+    sub = next(a for a in build_parser()._actions if a.dest == "command").choices
+    for name in ("replay", "export", "compare"):
+        budget = next(a for a in sub[name]._actions if a.dest == "budget")
+        assert (budget.option_strings, budget.metavar, budget.default) == (["--budget"], "B", None)
+
+
+def test_dtr_sim_is_library_only():
+    # The command line lives in dtr.cli: the simulator's modules never import it.
+    code = ("import sys, dtr.sim, dtr.sim.sweep, dtr.sim.compare, dtr.sim.export, dtr.sim.trace;"
+            "assert not [m for m in sys.modules if m.startswith('dtr.cli')], 'dtr.cli imported'")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
 
 
 def test_import_dtr_is_light():

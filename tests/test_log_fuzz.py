@@ -25,8 +25,8 @@ import sys
 
 import pytest
 
+from dtr.cli import main
 from dtr.errors import LogFormatError
-from dtr.sim.cli import main
 from dtr.sim.logs import read_log
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -268,7 +268,7 @@ def test_fuzz_as_processes(tmp_path):
     for n, name, data, kind, r in picked:
         path = tmp_path / f"proc{n}-{name}"
         path.write_bytes(data)
-        p = subprocess.run([sys.executable, "-m", "dtr.sim", "replay", str(path), "--budget", "40%"],
+        p = subprocess.run([sys.executable, "-m", "dtr.cli", "replay", str(path), "--budget", "40%"],
                            capture_output=True, text=True, env=env, timeout=120)
         assert p.returncode in (0, 2), (n, kind, p.returncode, p.stderr)
         assert "Traceback" not in p.stderr
@@ -278,7 +278,7 @@ def test_fuzz_as_processes(tmp_path):
     bad.write_bytes(b'{"op": "constant", "id": "a", "size": 9223372036854775808}\n')
     for argv in (["replay", str(bad)], ["replay", str(DATA / "small.jsonl"), "--budget", "1e400"],
                  ["replay", str(DATA / "small.jsonl"), "--seed", "-1"]):
-        p = subprocess.run([sys.executable, "-m", "dtr.sim", *argv], capture_output=True, text=True, env=env,
+        p = subprocess.run([sys.executable, "-m", "dtr.cli", *argv], capture_output=True, text=True, env=env,
                            timeout=120)
         assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr
 

@@ -11,9 +11,9 @@ import sys
 
 import pytest
 
+from dtr.cli import main
 from dtr.sim import parse_text, read_log
 from dtr.sim.chain import chain_log
-from dtr.sim.cli import main
 from dtr.sim.compare import budget_range, compare
 from dtr.sim.graph import chain_shape, graph_from_log, plan_graph
 from dtr.sim.planners import PlanOptions, get_planner, planner_names, run_planner
@@ -251,7 +251,7 @@ def test_compare_na_on_unplannable_graph():
 
 
 def test_cli_stays_light():
-    code = ("import sys; from dtr.sim.cli import _parser; _parser(); "
+    code = ("import sys; from dtr.cli import build_parser; build_parser(); "
             "bad = [m for m in ('numpy', 'scipy', 'matplotlib', 'torch') if m in sys.modules]; print(bad)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"

@@ -6,10 +6,10 @@ from dataclasses import replace
 
 import pytest
 
+from dtr.cli import main
 from dtr.errors import DtrError
 from dtr.sim import chain_log, parse_text, replay
 from dtr.sim.chain import chain_budget
-from dtr.sim.cli import main
 from dtr.sim.plot import (ablation_heuristics, check_figure_path, last_ok_ratio, plot_ablation, plot_accesses,
                           plot_chain_scaling, plot_memory_traces, plot_overhead, shaded_shares)
 from dtr.sim.sweep import read_rows, sweep

@@ -7,9 +7,9 @@ import random
 
 import pytest
 
+from dtr.cli import main
 from dtr.sim import parse_text, read_log
 from dtr.sim.chain import chain_log
-from dtr.sim.cli import main
 from dtr.sim.compare import compare
 from dtr.sim.export import export_schedule
 from dtr.sim.graph import GraphError, PlanGraphError, graph_from_log, plan_graph

@@ -9,10 +9,10 @@ import sys
 
 import pytest
 
+from dtr.cli import main
 from dtr.errors import DtrError
 from dtr.heuristics import get_heuristic, heuristic_names
 from dtr.sim import chain_log, read_log, replay
-from dtr.sim.cli import main
 from dtr.sim.replay import ReplayResult
 from dtr.sim.sweep import FIELDS, SweepRow, parse_heuristics, parse_ratios, read_rows, sweep
 
@@ -183,8 +183,8 @@ def test_cli_sweep_bad_log_names_it(capsys, tmp_path):
 
 
 def test_sweep_and_plot_commands_stay_light_to_import():
-    code = ("import sys; from dtr.sim.cli import _parser; _parser();"
-            "import dtr.sim.cmd_experiments;"
+    code = ("import sys; from dtr.cli import build_parser; build_parser();"
+            "import dtr.cli.sweep, dtr.cli.plot;"
             "heavy = [m for m in ('torch', 'matplotlib', 'numpy', 'scipy', 'concurrent.futures.process')"
             " if m in sys.modules]; print(json.dumps(heavy))")
     res = subprocess.run([sys.executable, "-c", "import json;" + code], capture_output=True, text=True, check=True)

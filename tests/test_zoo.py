@@ -13,8 +13,8 @@ from torch.utils._pytree import tree_leaves  # noqa: E402
 
 import dtr  # noqa: E402
 from dtr import zoo  # noqa: E402
+from dtr.cli import main  # noqa: E402
 from dtr.sim import replay  # noqa: E402
-from dtr.sim.cli import main  # noqa: E402
 
 LOGS = pathlib.Path(__file__).resolve().parents[1] / "logs"
 
@@ -188,6 +188,20 @@ def test_record_bad_input_exits_2(tmp_path, capsys, argv, what):
         status = e.code
     assert status == 2
     assert what in capsys.readouterr().err
+
+
+def test_record_model_is_a_library_function(tmp_path):
+    from dtr.cli import record as record_cli
+    from dtr.zoo.record import MANIFEST_NAME, record_model
+    out = tmp_path / "sub" / "r.jsonl"
+    entry = record_model("resnet32", str(out), batch=2, warmup=0, options={"width": 2, "image_size": 8},
+                         manifest=str(tmp_path / "m.json"))
+    assert entry["model"] == "resnet32" and entry["lines"] == len(out.read_text().splitlines())
+    assert json.loads((tmp_path / "m.json").read_text())["logs"]["r.jsonl"] == entry
+    with pytest.raises(dtr.DtrError, match="batch size"):
+        record_model("resnet32", str(out), batch=0)
+    # dtr-sim record's help names the default manifest without importing torch (Note [Manifest name]).
+    assert record_cli.MANIFEST_NAME == MANIFEST_NAME
 
 
 def _committed_logs():

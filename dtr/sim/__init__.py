@@ -1,6 +1,7 @@
 """The offline simulator: replay operator logs under any budget and heuristic.
 
-Torch-free: ``dtr-sim replay`` never imports torch.
+Library only (the command line, ``dtr-sim``, is :mod:`dtr.cli`). Torch-free:
+``dtr-sim replay`` never imports torch.
 """
 from dtr.sim.chain import chain_budget, chain_log
 from dtr.sim.logs import Log, Record, parse_text, read_log

@@ -1,7 +1,7 @@
-"""``dtr-sim sweep`` and ``dtr-sim plot``: budget sweeps and their figures.
+"""``dtr-sim sweep``: replay logs x heuristics x budget ratios into a CSV (``dtr-sim plot`` draws it).
 
-Light to import: the sweep machinery and matplotlib are imported inside the
-command functions only.
+Light to import: the sweep machinery (and its process pool) is imported inside
+the command only.
 """
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ import argparse
 import sys
 import time
 
+from dtr.cli.common import command, thrash_limit_type
 from dtr.errors import DtrError
-from dtr.sim.commands import command, thrash_limit_type
 
-__all__: list = []  # registers subcommands; nothing to import from here
+__all__ = ["COMMANDS"]
 
 
 def _sweep_args(p: argparse.ArgumentParser) -> None:
@@ -61,7 +61,8 @@ class _ProgressLine:
 
 
 @command("sweep", "replay logs x heuristics x budget ratios into a CSV", _sweep_args)
-def _sweep(args: argparse.Namespace) -> int:
+def sweep_command(args: argparse.Namespace) -> int:
+    """Run the sweep (skipping rows already in --out) and print what ran."""
     from dtr.sim.sweep import parse_heuristics, parse_ratios, sweep
     heuristics = parse_heuristics(args.heuristic)
     ratios = parse_ratios(args.budgets)
@@ -85,30 +86,5 @@ def _sweep(args: argparse.Namespace) -> int:
     return 0
 
 
-def _plot_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("csv", metavar="FILE.csv", help="a CSV written by dtr-sim sweep")
-    p.add_argument("-o", "--output", required=True, metavar="FILE.png",
-                   help="the figure (PNG or SVG, by extension)")
-    p.add_argument("--kind", choices=("overhead", "accesses"), default="overhead",
-                   help="overhead vs budget (default) or storage accesses vs budget")
-    p.add_argument("--heuristic", default=None, metavar="H1,H2", help="only these heuristics (default: all in the CSV)")
-
-
-@command("plot", "plot a sweep CSV: overhead (or storage accesses) vs budget ratio per log", _plot_args)
-def _plot(args: argparse.Namespace) -> int:
-    from dtr.sim.plot import check_figure_path, plot_accesses, plot_overhead
-    from dtr.sim.sweep import read_rows
-    check_figure_path(args.output)
-    rows = read_rows(args.csv)
-    if args.heuristic:
-        wanted = [h.strip() for h in args.heuristic.split(",") if h.strip()]
-        present = sorted({r.heuristic for r in rows})
-        unknown = [h for h in wanted if h not in present]
-        if unknown:
-            raise DtrError(f"{args.csv} has no rows for {', '.join(unknown)} (present: {', '.join(present)})")
-        rows = [r for r in rows if r.heuristic in wanted]
-    if not rows:
-        raise DtrError(f"{args.csv}: no rows to plot")
-    (plot_overhead if args.kind == "overhead" else plot_accesses)(rows, args.output)
-    print(f"wrote {args.output}")
-    return 0
+#: The subcommands of this module.
+COMMANDS = (sweep_command,)

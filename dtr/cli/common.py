@@ -1,9 +1,9 @@
-"""The registry of ``dtr-sim`` subcommands and the options they share.
+"""What the ``dtr-sim`` command modules share: the subcommand type, argument types and options.
 
-A subcommand is a function ``run(args) -> int`` registered with
-:func:`command`, together with a function that adds its arguments. Modules
-that define subcommands are listed in :data:`dtr.sim.cli.COMMAND_MODULES`;
-they must stay light to import (no torch, matplotlib or scipy at import time).
+A subcommand is a function ``run(args) -> int`` turned into a :class:`Command`
+by the :func:`command` decorator, together with a function that adds its
+arguments. Each command module lists its commands in ``COMMANDS``;
+:data:`dtr.cli.COMMANDS` gathers them (see Note [Explicit command list] there).
 """
 from __future__ import annotations
 
@@ -11,12 +11,22 @@ import argparse
 import json
 import math
 from dataclasses import dataclass
-from typing import Callable, Dict
+from typing import Any, Callable
 
 from dtr.heuristics import COST_MODES, Heuristic, get_heuristic, heuristic_names
 
-__all__ = ["Command", "command", "COMMANDS", "add_heuristic_options", "heuristic_from_args", "thrash_limit_type",
-           "emit_json", "int_type", "positive_seconds", "seed_type", "sample_type"]
+__all__ = ["Command", "command", "BUDGET_HELP", "add_budget_option", "add_heuristic_options", "heuristic_from_args",
+           "thrash_limit_type", "int_type", "positive_seconds", "seed_type", "sample_type", "emit_json"]
+
+# Note [Light imports]
+# ~~~~~~~~~~~~~~~~~~~~
+# Building the dtr-sim parser must import none of torch, matplotlib, scipy and
+# numpy, and `dtr-sim replay` neither torch nor matplotlib. Building the
+# parser imports every command module, so at their top these
+# modules import only the standard library and light parts of dtr (errors,
+# heuristics, units, dtr.sim.chain), and each command body imports what it
+# runs (dtr.sim.sweep, dtr.sim.plot, dtr.sim.planners, dtr.zoo.record, ...).
+# tests/test_cli.py, test_planners.py and test_sweep.py check this.
 
 
 @dataclass(frozen=True)
@@ -29,15 +39,22 @@ class Command:
     run: Callable[[argparse.Namespace], int]
 
 
-COMMANDS: Dict[str, Command] = {}
+def command(name: str, help: str, configure: Callable[[argparse.ArgumentParser], None]
+            ) -> Callable[[Callable[[argparse.Namespace], int]], Command]:
+    """Decorator: make ``run(args) -> int`` the body of subcommand ``name``.
 
+    Args:
+        name: the subcommand's name (``dtr-sim NAME``).
+        help: its one-line help (also its description).
+        configure: adds its arguments to its parser.
 
-def command(name: str, help: str, configure: Callable[[argparse.ArgumentParser], None]):
-    """Decorator: register ``run(args) -> int`` as subcommand ``name``."""
+    Returns:
+        A decorator returning the :class:`Command`, which the module then lists
+        in its ``COMMANDS``.
+    """
 
-    def wrap(run: Callable[[argparse.Namespace], int]):
-        COMMANDS[name] = Command(name, help, configure, run)
-        return run
+    def wrap(run: Callable[[argparse.Namespace], int]) -> Command:
+        return Command(name, help, configure, run)
 
     return wrap
 
@@ -59,7 +76,16 @@ def thrash_limit_type(text: str) -> float:
 
 
 def int_type(low: int, high: int, what: str = "a whole number") -> Callable[[str], int]:
-    """argparse type of a whole number from ``low`` to ``high`` (inclusive)."""
+    """argparse type of a whole number from ``low`` to ``high`` (inclusive).
+
+    Args:
+        low: the smallest value accepted.
+        high: the largest value accepted.
+        what: the value's name in the error message.
+
+    Returns:
+        The parser; argparse names it ``int`` in its messages.
+    """
 
     def parse(text: str) -> int:
         try:
@@ -87,9 +113,30 @@ seed_type = int_type(0, 2**64 - 1, "the seed")
 #: --sample: a count of pool members (0: all).
 sample_type = int_type(0, 2**31 - 1, "the sample size")
 
+#: --budget's help where it stands alone.
+BUDGET_HELP = "bytes, a size (6GiB, 500MB) or N%% of the log's peak; default: no limit"
+
+
+def add_budget_option(p: Any, help: str = BUDGET_HELP) -> None:
+    """--budget B: a budget of a log, resolved later against its peak (:func:`dtr.sim.replay.resolve_budget`).
+
+    ``dtr-sim chain --budget`` is another option (a number of unit tensors)
+    and does not use this.
+
+    Args:
+        p: a parser or an argument group (compare puts it in a mutually exclusive one).
+        help: the option's help, when it differs from :data:`BUDGET_HELP`.
+    """
+    p.add_argument("--budget", default=None, metavar="B", help=help)
+
 
 def add_heuristic_options(sp: argparse.ArgumentParser, default_limit: float = 3.0) -> None:
-    """--heuristic, --thrash-limit, ablation switches, --seed, --sample, --json."""
+    """--heuristic, --thrash-limit, ablation switches, --seed, --sample, --json.
+
+    Args:
+        sp: the subcommand's parser.
+        default_limit: the default of --thrash-limit.
+    """
     sp.add_argument("--heuristic", default="eqclass", choices=heuristic_names(),
                     help="eviction heuristic (default: eqclass)")
     sp.add_argument("--thrash-limit", type=thrash_limit_type, default=default_limit, metavar="X",
@@ -110,6 +157,6 @@ def heuristic_from_args(args: argparse.Namespace) -> Heuristic:
                     staleness=False if args.no_staleness else None)
 
 
-def emit_json(obj) -> None:
+def emit_json(obj: Any) -> None:
     """Print one JSON document on stdout."""
     print(json.dumps(obj))

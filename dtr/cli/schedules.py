@@ -1,26 +1,26 @@
-"""``dtr-sim export`` and ``dtr-sim compare``: static schedules (light to import)."""
+"""``dtr-sim export`` and ``dtr-sim compare``: static schedules, exported from a replay or planned."""
 from __future__ import annotations
 
 import argparse
 import math
 
+from dtr.cli.common import (add_budget_option, add_heuristic_options, command, emit_json, heuristic_from_args,
+                            positive_seconds, seed_type, thrash_limit_type)
 from dtr.errors import DtrError
-from dtr.sim.commands import (add_heuristic_options, command, emit_json, heuristic_from_args, positive_seconds,
-                              seed_type, thrash_limit_type)
 
-__all__: list = []
+__all__ = ["COMMANDS"]
 
 
 def _export_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("log", help="path to the log")
-    p.add_argument("--budget", default=None, metavar="B",
-                   help="bytes, a size (6GiB, 500MB) or N%% of the log's peak; default: no limit")
+    add_budget_option(p)
     p.add_argument("-o", "--output", required=True, metavar="FILE", help="where to write the schedule (JSON)")
     add_heuristic_options(p, default_limit=math.inf)
 
 
 @command("export", "the simulator's run as a static schedule (JSON)", _export_args)
-def _export(args: argparse.Namespace) -> int:
+def export_command(args: argparse.Namespace) -> int:
+    """Replay a log, export the run as a schedule, check it with the evaluator and save it."""
     from dtr.sim.export import export_schedule
     from dtr.sim.logs import read_log
     from dtr.sim.replay import baseline, resolve_budget
@@ -49,7 +49,7 @@ def _export(args: argparse.Namespace) -> int:
 def _compare_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("log", help="path to the log")
     g = p.add_mutually_exclusive_group(required=True)
-    g.add_argument("--budget", metavar="B", help="one budget (as in replay)")
+    add_budget_option(g, help="one budget (as in replay)")
     g.add_argument("--budgets", metavar="START:STOP:STEP", help="ratios of the log's peak, STOP inclusive")
     p.add_argument("--planners", default="all", metavar="all|P1,P2",
                    help="chen, rotor, checkmate, checkmate-lp, fastsa (default: all)")
@@ -65,7 +65,8 @@ def _compare_args(p: argparse.ArgumentParser) -> None:
 
 
 @command("compare", "static planners and DTR heuristics on one log, through one evaluator", _compare_args)
-def _compare(args: argparse.Namespace) -> int:
+def compare_command(args: argparse.Namespace) -> int:
+    """Run the static planners and DTR heuristics on one log at one or more budgets."""
     from dtr.sim.compare import budget_range, compare, format_rows, plot_rows
     from dtr.sim.logs import read_log
     from dtr.sim.planners import PlanOptions, get_planner, planner_names
@@ -93,3 +94,7 @@ def _compare(args: argparse.Namespace) -> int:
     else:
         print(format_rows(rows))
     return 0
+
+
+#: The subcommands of this module, in the order ``dtr-sim --help`` lists them.
+COMMANDS = (export_command, compare_command)

@@ -1,29 +1,21 @@
-"""``dtr-sim``: the simulator's command line (a thin layer over :mod:`dtr.sim`).
+"""``dtr-sim replay`` and ``dtr-sim chain``: one replay, of a log or of the linear-chain toy model.
 
-Exit status: 0 when the command ran (whatever the replay's status), 2 for bad
-input (a malformed log, an unknown heuristic, a bad budget), with a one-line
-message on stderr and no traceback.
+Both print the same summary (or, with --json, :meth:`dtr.sim.ReplayResult.to_dict`).
 """
 from __future__ import annotations
 
 import argparse
-import importlib
-import json
-import sys
-from typing import List, Optional
 
+from dtr.cli.common import add_budget_option, add_heuristic_options, command, emit_json, heuristic_from_args
 from dtr.errors import DtrError
 from dtr.sim.chain import MAX_CHAIN
-from dtr.sim.commands import COMMANDS, add_heuristic_options, command, heuristic_from_args
 from dtr.units import format_bytes
 
-__all__ = ["main", "COMMAND_MODULES"]
-
-# Modules whose import registers more subcommands (see dtr.sim.commands).
-COMMAND_MODULES: tuple = ("dtr.sim.cmd_schedules", "dtr.sim.cmd_experiments", "dtr.sim.cmd_record")
+__all__ = ["COMMANDS"]
 
 
 def _summary(d: dict) -> str:
+    """The human-readable summary of a replay's dict (one field a line)."""
     budget = "none" if d["budget_bytes"] is None else format_bytes(d["budget_bytes"])
     if d["budget_bytes"] is not None and d["budget_bytes"] >= 1024:
         budget += f" ({d['budget_bytes']} B)"
@@ -49,22 +41,23 @@ def _summary(d: dict) -> str:
 
 
 def _emit(args: argparse.Namespace, d: dict) -> None:
+    """Print ``d`` as JSON (--json) or as the summary."""
     if args.json:
-        print(json.dumps(d))
+        emit_json(d)
     else:
         print(_summary(d))
 
 
 def _replay_args(r: argparse.ArgumentParser) -> None:
     r.add_argument("log", help="path to the log")
-    r.add_argument("--budget", default=None, metavar="B",
-                   help="bytes, a size (6GiB, 500MB) or N%% of the log's peak; default: no limit")
+    add_budget_option(r)
     r.add_argument("--banish", action="store_true", help="banish on last release instead of eager eviction")
     add_heuristic_options(r)
 
 
 @command("replay", "replay a log (v1 or simrd, gzip or not)", _replay_args)
-def _replay(args: argparse.Namespace) -> int:
+def replay_command(args: argparse.Namespace) -> int:
+    """Replay one log under --budget with the chosen heuristic."""
     from dtr.sim.replay import replay
     res = replay(args.log, heuristic_from_args(args), args.budget, thrash_limit=args.thrash_limit,
                  banish=args.banish, seed=args.seed, sample=args.sample)
@@ -83,7 +76,8 @@ def _chain_args(c: argparse.ArgumentParser) -> None:
 
 
 @command("chain", "the linear-chain toy model (simrd Algorithm 3)", _chain_args)
-def _chain(args: argparse.Namespace) -> int:
+def chain_command(args: argparse.Namespace) -> int:
+    """Replay the n-layer linear chain (banishing unless --eager) under a budget of unit tensors."""
     from dtr.sim.chain import chain_budget, chain_log
     from dtr.sim.logs import parse_text
     from dtr.sim.replay import replay
@@ -104,38 +98,5 @@ def _chain(args: argparse.Namespace) -> int:
     return 0
 
 
-def _parser() -> argparse.ArgumentParser:
-    for module in COMMAND_MODULES:
-        importlib.import_module(module)
-    p = argparse.ArgumentParser(prog="dtr-sim", description="Replay operator logs under a memory budget (DTR).")
-    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for cmd in COMMANDS.values():
-        cmd.configure(sub.add_parser(cmd.name, help=cmd.help, description=cmd.help))
-    return p
-
-
-def main(argv: Optional[List[str]] = None) -> int:
-    """Run ``dtr-sim``; returns the exit status."""
-    parser = _parser()
-    args = parser.parse_args(argv)
-    try:
-        return COMMANDS[args.command].run(args)
-    except BrokenPipeError:
-        return 0
-    except (DtrError, ValueError) as e:
-        _error(str(e))
-        return 2
-    except OSError as e:  # a file the user named cannot be read or written
-        where = f"{e.filename}: " if e.filename is not None else ""
-        _error(f"{where}{e.strerror or e}")
-        return 2
-
-
-def _error(message: str) -> None:
-    """Print one line on stderr: ``dtr-sim: error: MESSAGE`` (control characters escaped)."""
-    one_line = "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in message)
-    print(f"dtr-sim: error: {one_line}", file=sys.stderr)
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
+#: The subcommands of this module, in the order ``dtr-sim --help`` lists them.
+COMMANDS = (replay_command, chain_command)
