@@ -136,6 +136,7 @@ def test_bad_thrash_limit_exit_2(capsys, data_dir):
     with pytest.raises(SystemExit) as e:
         main(["replay", str(data_dir / "small.jsonl"), "--thrash-limit", "0.5"])
     assert e.value.code == 2
+    assert "the thrash limit must be a number >= 1" in capsys.readouterr().err  # dtr.semantics' words
 
 
 def test_console_script_and_module_without_torch(data_dir):

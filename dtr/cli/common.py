@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from dtr.heuristics import COST_MODES, Heuristic, get_heuristic, heuristic_names
+from dtr.semantics import check_thrash_limit
 
 __all__ = ["Command", "command", "BUDGET_HELP", "add_budget_option", "add_heuristic_options", "heuristic_from_args",
            "thrash_limit_type", "int_type", "positive_seconds", "seed_type", "sample_type", "emit_json"]
@@ -68,11 +69,11 @@ def _number(text: str) -> float:
 
 
 def thrash_limit_type(text: str) -> float:
-    """argparse type of a thrash limit: a number >= 1."""
-    x = _number(text)
-    if not x >= 1:
-        raise argparse.ArgumentTypeError(f"the thrash limit must be >= 1 (got {text})")
-    return x
+    """argparse type of a thrash limit: a number >= 1 (the rule: :func:`dtr.semantics.check_thrash_limit`)."""
+    try:
+        return check_thrash_limit(_number(text))
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def int_type(low: int, high: int, what: str = "a whole number") -> Callable[[str], int]:

@@ -142,7 +142,7 @@ class Budget:
         self.semantics = RUNTIME.replace(eqclass_split=eqclass_split)
         self._seed, self._sample = seed, sample
         make_config(self.heuristic, self.budget_bytes, semantics=self.semantics, seed=seed, sample=sample)  # checks
-        self._device = _checked_device(device)
+        self._device = check_device(device)
         self._core: Optional[Core] = None
         self._mode: Optional[DTRMode] = None
         self._final: Optional[dict] = None
@@ -253,8 +253,12 @@ def _limit_bytes(limit: Union[None, int, float, str]) -> Optional[int]:
     return parse_bytes(limit)
 
 
-def _checked_device(device: Union[None, str, torch.device]) -> Optional[torch.device]:
-    """``device`` as a torch.device, checked to exist in this torch (without initializing it)."""
+def check_device(device: Union[None, str, torch.device]) -> Optional[torch.device]:
+    """``device`` as a torch.device, checked to exist in this torch (without initializing it).
+
+    Raises:
+        ValueError: not a device, or a device this torch cannot use; the message says which.
+    """
     if device is None:
         return None
     try:

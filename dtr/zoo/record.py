@@ -20,7 +20,7 @@ import torch
 from torch.utils._pytree import tree_map
 
 from dtr.errors import DtrError
-from dtr.runtime.budget import budget
+from dtr.runtime.budget import budget, check_device
 from dtr.zoo.registry import get_model
 
 __all__ = ["MANIFEST_NAME", "record_model", "update_manifest", "count_lines"]
@@ -70,7 +70,10 @@ def record_model(model: str, output: str, *, batch: int = 8, seed: int = 0, cost
         raise DtrError(str(e)) from None
     except TypeError as e:
         raise DtrError(f"bad option for {model}: {e}") from None
-    dev = torch.device(device)
+    try:
+        dev = check_device(device)
+    except ValueError as e:
+        raise DtrError(str(e)) from None
     module = zm.module.to(dev)
     inputs, targets = tree_map(lambda t: t.to(dev) if isinstance(t, torch.Tensor) else t, zm.batch(batch, seed))
 
