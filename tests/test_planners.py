@@ -63,7 +63,7 @@ def brute_force(pg, budget):
     """Least total cost of ANY schedule (any order, any recomputation) within the budget:
     Dijkstra over (resident set, computed-once set)."""
     n, allm = pg.n, (1 << pg.n) - 1
-    goal = [v for v in range(n) if pg.wanted[v]]
+    goal = [v for v in range(n) if pg.referenced_at_end[v]]
     dist = {(0, 0): 0.0}
     pq = [(0.0, 0, 0)]
     while pq:
