@@ -6,8 +6,9 @@ In JSON (``dtr-sim export -o``) it is an object whose ``steps`` is a list of
 ``{"compute": OP}`` and ``{"free": STORAGE}`` (a bare list of steps is read as
 well), with the log, planner and budget alongside for reference.
 
-The evaluator (:func:`evaluate`) checks a schedule and measures it; see
-Note [Evaluator semantics]. Planners work on the planning graph
+The evaluator (:func:`evaluate`) checks a schedule and measures it; it is
+a deliberately independent model of the core's memory semantics, not a copy
+of the core (see Note [Evaluator semantics]). Planners work on the planning graph
 (:class:`~dtr.sim.graph.PlanGraph`) and produce a *compute sequence* of
 nodes; :func:`sequence_steps` adds the frees (each value freed right after
 its last use) and :func:`expand` turns them into exact steps.
@@ -86,8 +87,15 @@ class Evaluation:
 
 # Note [Evaluator semantics]
 # ~~~~~~~~~~~~~~~~~~~~~~~~~~
-# The evaluator follows the simulator's core exactly, so that DTR's decisions
-# frozen into a schedule give the simulator's figures:
+# The evaluator is a deliberately independent checker. It takes the graph as
+# given (the core's tables: which operators, tensors and storages exist) but
+# shares no code with the core's bookkeeping (csrc/core.cpp): it keeps its
+# own residency, definedness and memory from the schedule's steps alone. So
+# an exported DTR run that evaluates to the simulator's own peak and compute
+# (tests/test_schedules.py) checks the core's accounting against a second
+# model, and a planner's schedule is judged by rules no planner shares. The
+# rules are the core's memory semantics, written out again; a disagreement
+# is a bug in one of the two, which the export tests are there to find:
 # - memory counts resident storages (views are 0 bytes; constants count once
 #   their operator ran);
 # - ``compute OP`` needs every input tensor *defined*: its storage resident
@@ -126,6 +134,11 @@ class Evaluation:
 
 def evaluate(graph: Graph, steps: Iterable[Step], budget: Optional[int] = None) -> Evaluation:
     """Validate a schedule and measure its peak memory and total cost.
+
+    A deliberately independent checker: it models the core's memory
+    semantics from the graph alone and shares no code with the core, so that
+    agreeing with the simulator's figures on an exported run means something
+    (Note [Evaluator semantics]).
 
     Args:
         graph: the exact graph the schedule is over.
