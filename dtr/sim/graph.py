@@ -134,6 +134,7 @@ def graph_from_log(log) -> Graph:
     from dtr.sim.replay import log_semantics
     if not isinstance(log, Log):
         log = read_log(os.fspath(log))
+    # Without a budget the heuristic never chooses: any one gives the same tables.
     t = _C.replay_graph(log.program, make_config("eqclass", None, **log_semantics(log)))
     names = log.program.names
     kinds = tuple(KINDS[k] for k in t["op_kind"])
