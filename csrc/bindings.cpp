@@ -54,6 +54,32 @@ std::string cost_name(CostMode m) {
   return "?";
 }
 
+// Tuples built directly (replay_graph hands over tables of thousands of rows).
+PyObject* to_py(int x) { return PyLong_FromLong(x); }
+PyObject* to_py(int64_t x) { return PyLong_FromLongLong(x); }
+PyObject* to_py(double x) { return PyFloat_FromDouble(x); }
+PyObject* to_py(char x) { return PyBool_FromLong(x); }
+
+template <class T>
+PyObject* to_py(const std::vector<T>& v) {
+  PyObject* out = PyTuple_New(Py_ssize_t(v.size()));
+  if (!out) throw py::error_already_set();
+  for (size_t k = 0; k < v.size(); ++k) {
+    PyObject* x = to_py(v[k]);
+    if (!x) {
+      Py_DECREF(out);
+      throw py::error_already_set();
+    }
+    PyTuple_SET_ITEM(out, Py_ssize_t(k), x);
+  }
+  return out;
+}
+
+template <class T>
+py::object tuple_of(const std::vector<T>& v) {
+  return py::reinterpret_steal<py::object>(to_py(v));
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_C, m) {
@@ -219,4 +245,34 @@ PYBIND11_MODULE(_C, m) {
       },
       py::arg("program"), py::arg("config"), py::arg("thrash_limit"), py::arg("check") = false,
       py::arg("trace") = false);
+
+  m.def(
+      "replay_graph",
+      [](const Program& prog, const Config& cfg) {
+        ReplayGraph g;
+        {
+          py::gil_scoped_release nogil;
+          g = replay_graph(prog, cfg);
+        }
+        py::dict d;
+        d["op_instr"] = tuple_of(g.op_instr);
+        d["op_kind"] = tuple_of(g.op_kind);
+        d["op_line"] = tuple_of(g.op_line);
+        d["op_name"] = tuple_of(g.op_name);
+        d["op_cost"] = tuple_of(g.op_cost);
+        d["op_inputs"] = tuple_of(g.op_inputs);
+        d["op_outputs"] = tuple_of(g.op_outputs);
+        d["op_fresh"] = tuple_of(g.op_fresh);
+        d["op_alloc"] = tuple_of(g.op_alloc);
+        d["op_overwrites"] = tuple_of(g.op_overwrites);
+        d["tensor_op"] = tuple_of(g.tensor_op);
+        d["tensor_storage"] = tuple_of(g.tensor_storage);
+        d["tensor_view"] = tuple_of(g.tensor_alias);
+        d["storage_size"] = tuple_of(g.storage_size);
+        d["storage_op"] = tuple_of(g.storage_op);
+        d["storage_tensors"] = tuple_of(g.storage_tensors);
+        d["referenced_at_end"] = tuple_of(g.referenced_at_end);
+        return d;
+      },
+      py::arg("program"), py::arg("config"));
 }

@@ -1,7 +1,9 @@
 // replay.cpp - the log replayer: maps the log's handles onto core tensors.
 #include "replay.h"
 
+#include <algorithm>
 #include <cmath>
+#include <limits>
 
 namespace dtr {
 
@@ -12,6 +14,9 @@ struct Replayer {
   const Program& prog;
   Core core;
   std::vector<int> tensor_of;  // handle -> core tensor, -1 when dead
+  // After an in-place write (a call with `mutated`, an in-place mutate): the
+  // storages it overwrote, one per new version (a pinned one gets none).
+  std::vector<int> wrote;
 
   Replayer(const Program& p, const Config& cfg) : prog(p), core(cfg), tensor_of(p.handle_names.size(), -1) {}
 
@@ -27,7 +32,12 @@ struct Replayer {
       const std::vector<int> ins = tensors(i.in);
       std::vector<int> outs = core.call_inplace(ins, i.sizes, i.aliases, i.mutated, i.cost);
       for (size_t k = 0; k < i.out.size(); ++k) tensor_of[i.out[k]] = outs[k];
-      for (size_t k = 0; k < i.mutated.size(); ++k) rebind(ins[i.mutated[k]], outs[i.out.size() + k]);
+      wrote.clear();
+      for (size_t k = 0; k < i.mutated.size(); ++k) {
+        const int fresh = outs[i.out.size() + k];
+        if (fresh >= 0) wrote.push_back(core.storage_of(ins[i.mutated[k]]));
+        rebind(ins[i.mutated[k]], fresh);
+      }
       return;
     }
     std::vector<int> outs = core.call(tensors(i.in), i.sizes, i.aliases, i.cost);
@@ -42,9 +52,14 @@ struct Replayer {
     const std::vector<int> ins = tensors(i.in);
     std::vector<int> outs = i.inplace ? core.mutate_inplace(ins, i.mutated, i.cost)
                                       : core.mutate(ins, i.mutated, i.cost);
+    if (i.inplace) wrote.clear();
     for (size_t k = 0; k < outs.size(); ++k) {
-      if (i.inplace) rebind(ins[i.mutated[k]], outs[k]);
-      else tensor_of[i.in[i.mutated[k]]] = outs[k];
+      if (!i.inplace) {
+        tensor_of[i.in[i.mutated[k]]] = outs[k];
+        continue;
+      }
+      if (outs[k] >= 0) wrote.push_back(core.storage_of(ins[i.mutated[k]]));
+      rebind(ins[i.mutated[k]], outs[k]);
     }
   }
   void copy(const Instr& i) {
@@ -138,6 +153,99 @@ ReplayResult replay(const Program& prog, const Config& cfg_in, double thrash_lim
     }
   }
   return res;
+}
+
+// Note [The exact graph is the core's]
+// The static schedules (dtr.sim.schedule) are over the *exact graph*: the
+// ops, tensors and storages the core builds when it replays a log, with the
+// core's ids, so that the trace of a run (kind 0/1 = compute op, 2/3 = free
+// storage) is a schedule over it as it stands. replay_graph() builds that
+// graph by replaying the log and reading the core's tables; nothing else
+// derives it. Without a budget no storage is evicted by the heuristic, so the
+// replay is cheap, and the ids depend only on the instructions and on which
+// storages are pinned when an in-place write runs: Core::call_inplace writes
+// a pinned storage where it is and gives every other written storage a new
+// version. The pinned set follows `pin`, `protect` and, under
+// free_dead_constants, the constants dropped by their last release (all of
+// which replay_graph() runs under the configuration it is given: the log's
+// semantics). `collect` renumbers nothing (the replayer never compacts): the
+// collected ops and storages stay in the tables, and the schedule of a run
+// frees the collected storages like any other.
+//
+// A run under a budget builds the same ids, except when its pinned set
+// differs. Core::protect's walk stops at a pinned storage only if all its
+// tensors are defined (Note [Protecting a constant] in core.cpp). Without a
+// budget nothing referenced is evicted, so the pinned storages the walk
+// meets are whole; under a budget a storage evicted and brought back through
+// its root can be pinned with an undefined view, and protecting a constant
+// then also pins what was computed from that storage: an in-place write of
+// one of those makes no new version in that run, and every later storage id
+// shifts. dtr.sim.export checks each run's ids against the graph and refuses
+// such a run (Note [Exporting a DTR run] in dtr/sim/export.py).
+ReplayGraph replay_graph(const Program& prog, const Config& cfg_in) {
+  Config cfg = cfg_in;
+  cfg.budget = -1;
+  cfg.remat_limit = std::numeric_limits<double>::infinity();
+  cfg.banish = false;
+  Replayer r(prog, cfg);
+  ReplayGraph g;
+  for (size_t k = 0; k < prog.instrs.size(); ++k) {
+    const Instr& i = prog.instrs[k];
+    const int ops_before = r.core.num_ops();
+    r.wrote.clear();
+    r.run(i);
+    for (int op = ops_before; op < r.core.num_ops(); ++op) {
+      g.op_instr.push_back(int(k));
+      g.op_kind.push_back(static_cast<int>(i.kind));
+      g.op_line.push_back(i.line);
+      g.op_name.push_back(i.name);
+      // An instruction makes at most one op: an in-place write's is its last.
+      g.op_overwrites.push_back(op + 1 == r.core.num_ops() ? r.wrote : std::vector<int>());
+    }
+  }
+  const Core& core = r.core;
+  const int nops = core.num_ops(), nts = core.num_tensors(), nss = core.num_storages();
+  g.op_cost.reserve(nops);
+  g.op_inputs.reserve(nops);
+  g.op_outputs.reserve(nops);
+  g.op_fresh.reserve(nops);
+  g.op_alloc.reserve(nops);
+  for (int op = 0; op < nops; ++op) {
+    g.op_cost.push_back(core.op_cost(op));
+    g.op_inputs.push_back(core.op_inputs(op));
+    g.op_outputs.push_back(core.op_outputs(op));
+    std::vector<int> fresh;
+    int64_t alloc = 0;
+    for (int t : core.op_outputs(op)) {
+      if (core.is_alias(t)) continue;
+      fresh.push_back(core.storage_of(t));
+      alloc += core.storage_size(core.storage_of(t));
+    }
+    g.op_fresh.push_back(std::move(fresh));
+    g.op_alloc.push_back(alloc);
+  }
+  g.tensor_op.reserve(nts);
+  g.tensor_storage.reserve(nts);
+  g.tensor_alias.reserve(nts);
+  for (int t = 0; t < nts; ++t) {
+    g.tensor_op.push_back(core.op_of(t));
+    g.tensor_storage.push_back(core.storage_of(t));
+    g.tensor_alias.push_back(core.is_alias(t));
+  }
+  g.storage_size.reserve(nss);
+  g.storage_op.reserve(nss);
+  g.storage_tensors.reserve(nss);
+  for (int s = 0; s < nss; ++s) {
+    g.storage_size.push_back(core.storage_size(s));
+    g.storage_op.push_back(core.op_of(core.storage_root(s)));
+    g.storage_tensors.push_back(core.storage_tensors(s));
+  }
+  for (int t : r.tensor_of)
+    if (t >= 0) g.referenced_at_end.push_back(t);
+  std::sort(g.referenced_at_end.begin(), g.referenced_at_end.end());
+  g.referenced_at_end.erase(std::unique(g.referenced_at_end.begin(), g.referenced_at_end.end()),
+                            g.referenced_at_end.end());
+  return g;
 }
 
 }  // namespace dtr

@@ -34,4 +34,36 @@ struct ReplayResult {
 // `check`, Core::check() runs after every instruction (tests).
 ReplayResult replay(const Program& prog, const Config& cfg, double thrash_limit, bool check, bool trace = false);
 
+// The core's tables after replaying a whole program without a budget: the
+// exact operator graph of dtr.sim.graph (see Note [The exact graph is the
+// core's] in replay.cpp). Indexed by the core's own ids: op k, tensor t,
+// storage s. Nothing is compacted, so every op, tensor and storage the replay
+// created is there, collected ones included.
+struct ReplayGraph {
+  // Per op: the instruction that created it (index into Program::instrs)
+  // with that instruction's kind, log line and name (-1: none); its cost,
+  // input and output tensors, the storages it allocates (its outputs that
+  // are not views, in order) and their bytes, and the storages it writes in
+  // place (the old versions of its new-version outputs, one per version).
+  std::vector<int> op_instr, op_kind, op_line, op_name;
+  std::vector<double> op_cost;
+  std::vector<std::vector<int>> op_inputs, op_outputs, op_fresh, op_overwrites;
+  std::vector<int64_t> op_alloc;
+  // Per tensor: its op, its storage, whether it is a view (an alias).
+  std::vector<int> tensor_op, tensor_storage;
+  std::vector<char> tensor_alias;
+  // Per storage: bytes, the op that allocates it, its tensors (in order).
+  std::vector<int64_t> storage_size;
+  std::vector<int> storage_op;
+  std::vector<std::vector<int>> storage_tensors;
+  // The tensors some handle still refers to when the program ends (ascending).
+  std::vector<int> referenced_at_end;
+};
+
+// Replays `prog` on a fresh Core configured as `cfg` except that it has no
+// budget, no rematerialization limit and does not banish, and reads the
+// graph off the core. The output condition is not applied (it pins, which
+// creates no id).
+ReplayGraph replay_graph(const Program& prog, const Config& cfg);
+
 }  // namespace dtr

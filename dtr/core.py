@@ -17,7 +17,7 @@ from dtr.errors import BudgetError, OutOfBudgetError, ThrashingError
 from dtr.heuristics import Heuristic, get_heuristic
 from dtr.semantics import SIMRD, Semantics, check_thrash_limit, remat_allowance
 
-__all__ = ["Core", "Program", "make_config", "parse_program", "replay_program", "RawLogError"]
+__all__ = ["Core", "Program", "make_config", "parse_program", "replay_program", "replay_graph", "RawLogError"]
 
 Program = _C.Program
 RawLogError = _C.LogError
@@ -327,3 +327,21 @@ def replay_program(program: "_C.Program", heuristic: Heuristic | str = "eqclass"
     config = make_config(heuristic, budget, remat_limit=allowance,
                          **options)
     return _C.replay(program, config, math.inf, check, trace)
+
+
+def replay_graph(program: "_C.Program", semantics: Semantics = SIMRD) -> dict:
+    """The core's own tables of ``program``, replayed without a budget under ``semantics``.
+
+    The planners' exact graph (:func:`dtr.sim.graph.graph_from_log`) is read
+    from them, so its ids are the core's by construction (Note [The exact
+    graph is the core's] in csrc/replay.cpp). Without a budget the heuristic
+    never chooses: any one gives the same tables.
+
+    Returns:
+        A dict of tuples: per op (``op_kind``, ``op_line``, ``op_name``,
+        ``op_instr``, ``op_cost``, ``op_inputs``, ``op_outputs``, ``op_fresh``,
+        ``op_alloc``, ``op_overwrites``), per tensor (``tensor_op``,
+        ``tensor_storage``, ``tensor_view``), per storage (``storage_size``,
+        ``storage_op``, ``storage_tensors``), and ``referenced_at_end``.
+    """
+    return _C.replay_graph(program, make_config("eqclass", None, semantics=semantics))

@@ -16,7 +16,7 @@ from dtr.sim import parse_text, read_log
 from dtr.sim.chain import chain_log
 from dtr.sim.compare import budget_range, compare
 from dtr.sim.graph import chain_shape, graph_from_log, plan_graph
-from dtr.sim.planners import PlanOptions, get_planner, planner_names, run_planner
+from dtr.sim.planners import STATUSES, PlanOptions, get_planner, planner_names, run_planner
 from dtr.sim.planners.fastsa import AddMaxTree
 from dtr.sim.schedule import evaluate, plan_schedule, sequence_profile, sequence_steps
 
@@ -63,7 +63,7 @@ def brute_force(pg, budget):
     """Least total cost of ANY schedule (any order, any recomputation) within the budget:
     Dijkstra over (resident set, computed-once set)."""
     n, allm = pg.n, (1 << pg.n) - 1
-    goal = [v for v in range(n) if pg.wanted[v]]
+    goal = [v for v in range(n) if pg.referenced_at_end[v]]
     dist = {(0, 0): 0.0}
     pq = [(0.0, 0, 0)]
     while pq:
@@ -194,6 +194,7 @@ def test_every_planner_schedule_passes_the_evaluator(data_dir):
             b = int(hi * frac)
             for name in planner_names():
                 r, ev = _run(name, g, pg, b)
+                assert r.status in STATUSES, (name, r.status)
                 statuses.add(r.status)
                 assert (r.sequence is None) == (ev is None)
                 if r.status in ("optimal", "ok"):
@@ -300,6 +301,6 @@ def test_fastsa_warm_start_fits_long_chain():
     b = 2 * math.ceil(2 * math.sqrt(300))
     cold, _ = _run("fastsa", g, pg, b, PlanOptions(time_limit=1.5, warm_start=False))
     warm, ev = _run("fastsa", g, pg, b, PlanOptions(time_limit=1.5))
-    assert cold.status == "oom"
+    assert cold.status == "oom" and cold.status in STATUSES
     assert warm.status == "ok" and ev.valid and "plan" in warm.message
     assert ev.total_compute <= run_planner("chen", pg, b).predicted_cost + 1e-9

@@ -8,6 +8,8 @@ import random
 import pytest
 
 from dtr.cli import main
+from dtr.core import replay_program
+from dtr.errors import DtrError
 from dtr.sim import parse_text, read_log
 from dtr.sim.chain import chain_log
 from dtr.sim.compare import compare
@@ -44,10 +46,10 @@ def test_graph_of_views_log(data_dir):
     assert g.op_kind == ("constant", "call", "call", "mutate", "call")
     assert g.tensor_view[1] and g.tensor_storage[1] == g.tensor_storage[0]  # v views x
     assert g.storage_size == (100, 40, 100)  # x, y, the mutate's fresh copy of x
-    assert g.storage_pinned == (True, False, False)
+    assert g.storage_constant == (True, False, False)
     assert g.op_alloc == (100, 0, 40, 100, 0)
-    # v (now the mutated copy) and the split views s1, s2 of y are wanted
-    assert set(g.wanted) == {0, 3, 4, 5}  # x is still referenced too
+    # v (now the mutated copy) and the split views s1, s2 of y are referenced at the end
+    assert set(g.referenced_at_end) == {0, 3, 4, 5}  # x is still referenced too
 
 
 @pytest.mark.parametrize("name", ["small.jsonl", "views.jsonl", "small.simrd.log", "views.simrd.log"])
@@ -75,8 +77,8 @@ def test_evaluator_rejects_bad_schedules(data_dir):
     assert not evaluate(g, good, budget=54).valid
     assert "not resident" in evaluate(g, [(COMPUTE, 0), (COMPUTE, 2)]).error
     assert "constant" in evaluate(g, good + [(FREE, 0)]).error
-    # freeing a (wanted) output at the end: invalid
-    assert "wanted" in evaluate(g, good + [(FREE, 5)]).error
+    # freeing an output referenced at the end: invalid
+    assert "referenced at the end" in evaluate(g, good + [(FREE, 5)]).error
     # a free then recompute of an intermediate is fine and costs again
     ev = evaluate(g, good[:3] + [(FREE, 1), (COMPUTE, 1)] + good[3:])
     assert ev.valid and ev.total_compute == 16 and ev.recomputes == 1
@@ -91,7 +93,7 @@ def test_view_must_be_recomputed_after_its_storage_comes_back(data_dir):
     # free y (storage 1), bring it back, then use the split view without rerunning it
     steps2 = [(COMPUTE, 0), (COMPUTE, 1), (COMPUTE, 2), (COMPUTE, 3), (COMPUTE, 4), (FREE, 1), (COMPUTE, 2)]
     ev = evaluate(g, steps2)
-    assert not ev.valid and "wanted" in ev.error
+    assert not ev.valid and "referenced at the end" in ev.error
 
 
 def test_plan_graph_folds_views(data_dir):
@@ -149,7 +151,7 @@ def test_graph_follows_the_core_on_runtime_features(data_dir):
     assert g.storage_op[y_old] == bn and g.storage_size[y_new] == g.storage_size[y_old] == 128
     assert g.tensor_storage[g.op_inputs[by_line[19]][0]] == y_new  # y2 moved to the new version
     assert len(g.op_overwrites[mul]) == 1 and g.op_kind[mul] == "mutate"
-    # the core numbers everything the same way (export checks operators and storages)
+    # a run under no budget numbers everything as the graph (export checks operators and storages)
     ex = export_schedule(_rt_log(data_dir), "eqclass", None, graph=g)
     assert ex.status == "ok" and evaluate(g, ex.schedule.steps).valid
 
@@ -167,7 +169,7 @@ def test_export_agrees_on_runtime_features(data_dir):
     assert steps[k - 1] == (FREE, g.op_overwrites[relu][0])
     # the dead constant t and the collected empty constant z are freed
     t, z = g.op_fresh[5][0], g.op_fresh[4][0]
-    assert (FREE, t) in steps and (FREE, z) in steps and g.storage_pinned[t] and g.storage_pinned[z]
+    assert (FREE, t) in steps and (FREE, z) in steps and g.storage_constant[t] and g.storage_constant[z]
     # q (collected) comes back with p's recomputation and is freed at once
     f = g.op_line.index(43)
     q = g.op_fresh[f][1]
@@ -214,6 +216,47 @@ def test_inplace_output_viewing_the_overwritten_storage_is_refused():
          "cost": 1, "mutated": ["x"]}])
     with pytest.raises(GraphError, match=r"<string>:3: output 'y' views 'x'"):
         graph_from_log(parse_text(text))
+
+
+def test_graph_is_the_cores_tables(data_dir):
+    # the graph is read off a core that replayed the log without a budget: the same ids as the core's trace
+    log = _rt_log(data_dir)
+    g = graph_from_log(log)
+    raw = replay_program(log.program, "eqclass", None, trace=True, semantics=log.semantics)
+    assert list(raw["op_instr"]) == list(g.op_instr)
+    assert [g.storage_op[s] for s in range(g.num_storages)] == list(raw["storage_op"])
+    records = list(log.records())
+    assert [records[k].kind for k in g.op_instr] == list(g.op_kind)
+    assert [records[k].line for k in g.op_instr] == list(g.op_line)
+
+
+def test_export_refuses_a_run_that_pins_what_the_graph_does_not():
+    # Under a budget, p is evicted, then pinned back through its root without its (released) view v;
+    # protecting c then walks on through p (a pinned storage with an undefined tensor: the core's Note
+    # [Protecting a constant]) and pins d, so add_(d) writes d where it is. Without a budget p stays whole,
+    # the walk stops there and add_(d) makes a new version: the ids differ from there on, and the run is
+    # refused rather than exported as a schedule that does not describe it.
+    text = "\n".join(json.dumps(d) for d in [
+        {"op": "constant", "id": "c", "size": 8},
+        {"op": "call", "name": "f", "inputs": ["c"], "outputs": ["p"], "sizes": [100], "aliases": [None], "cost": 1},
+        {"op": "call", "name": "view", "inputs": ["p"], "outputs": ["v"], "sizes": [100], "aliases": ["p"],
+         "cost": 0},
+        {"op": "release", "id": "v"},
+        {"op": "call", "name": "g", "inputs": ["p"], "outputs": ["d"], "sizes": [100], "aliases": [None], "cost": 1},
+        {"op": "call", "name": "h", "inputs": ["d"], "outputs": ["e"], "sizes": [100], "aliases": [None],
+         "cost": 100},
+        {"op": "release", "id": "e"},
+        {"op": "pin", "id": "p"},
+        {"op": "protect", "id": "c"},
+        {"op": "call", "name": "add_", "inputs": ["d"], "outputs": [], "sizes": [], "aliases": [], "cost": 1,
+         "mutated": ["d"]}]) + "\n"
+    log = parse_text(text)
+    g = graph_from_log(log)
+    (add,) = [k for k in range(g.num_ops) if g.op_name[k] == "add_"]
+    assert len(g.op_overwrites[add]) == 1  # without a budget: a new version of d
+    assert _agree(log, fracs=(None, 1.0)) == 8
+    with pytest.raises(DtrError, match=r"<string>:10: the run under budget 208 bytes numbers storage 4 "):
+        export_schedule(log, "lru", 208, graph=g)
 
 
 def test_evaluator_hands_an_overwritten_version_over_in_place(data_dir):

@@ -42,18 +42,23 @@ class Export:
 # again; an operator without outputs once) and every storage it frees
 # (evicted by the heuristic, freed at its last release, a dead constant,
 # collected garbage, or a collected output that a recomputation of its
-# operator brings back for an instant and the core frees at once). The exact graph
-# numbers operators and storages exactly as the core does (Note [The exact
-# graph follows the core] in dtr.sim.graph; checked here against the core's
-# op -> instruction and storage -> operator maps), so the trace is the
+# operator brings back for an instant and the core frees at once). The exact
+# graph is the core's own tables after a replay without a budget (Note [The
+# exact graph is the core's] in csrc/replay.cpp), so the trace is the
 # schedule: compute events become ``compute`` steps, evictions and frees
 # ``free`` steps. Eviction by the heuristic happens before the operator that
 # needed the room, as in the trace; an in-place write's old version is freed
 # right before the write (Note [In-place writes in a schedule] in
 # dtr.sim.schedule). The run uses the log's own semantics (Log.semantics),
 # as ``dtr-sim replay`` does, so the schedule is the run replay reports.
-# Banishing is not exported (a banished storage's dependents become
-# constants, which a static schedule over the log's graph cannot express).
+# A run under a budget can still number things differently from the run
+# without one: when its pinned set differs (that Note says how), an in-place
+# write makes no new version in one run and one in the other. The export
+# checks the run's operators and storages against the graph's and refuses
+# such a run (_check_same_ids) rather than hand out a schedule that does not
+# describe it. Banishing is not exported (a banished storage's dependents
+# become constants, which a static schedule over the log's graph cannot
+# express).
 
 
 def export_schedule(log: Union[Log, str], heuristic: Union[Heuristic, str] = "eqclass",
@@ -75,8 +80,9 @@ def export_schedule(log: Union[Log, str], heuristic: Union[Heuristic, str] = "eq
 
     Raises:
         LogFormatError: ``log`` is a path to a bad log.
-        DtrError: the core's numbering does not match the extracted graph (a
-            bug; the message names the first log line where they differ).
+        DtrError: the run numbers operators or storages differently from
+            the graph (Note [Exporting a DTR run]); the message names the
+            first log line where they differ.
     """
     if not isinstance(log, Log):
         log = read_log(log)
@@ -84,7 +90,7 @@ def export_schedule(log: Union[Log, str], heuristic: Union[Heuristic, str] = "eq
     g = graph if graph is not None else graph_from_log(log)
     raw = replay_program(log.program, h, budget, thrash_limit=thrash_limit, trace=True, seed=seed, sample=sample,
                          semantics=log.semantics)
-    _check_numbering(g, raw)
+    _check_same_ids(g, raw, budget)
     steps = tuple((COMPUTE if kind in (0, 1) else FREE, int(x)) for kind, x in raw["trace"])
     meta = {"log": g.name, "planner": h.name, "budget_bytes": budget, "status": raw["status"]}
     return Export(graph=g, schedule=Schedule(steps=steps, meta=meta), status=raw["status"],
@@ -92,25 +98,42 @@ def export_schedule(log: Union[Log, str], heuristic: Union[Heuristic, str] = "eq
                   budget_bytes=budget)
 
 
-def _check_numbering(g: Graph, raw: dict) -> None:
-    """Check the core's ids against the graph's (the core's lists are shorter when the run stopped early).
+def _check_same_ids(g: Graph, raw: dict, budget: Optional[int]) -> None:
+    """Check that a run numbered its operators and storages as the graph does.
+
+    The run's operators must be the graph's first ones (all of them when the
+    run finished), and each storage it created must be the graph's storage of
+    the same id: allocated by the same operator, at the same output position.
+    A stopped run created only some of them. See Note [Exporting a DTR run].
+
+    Args:
+        g: the log's exact graph.
+        raw: the run's raw result with ``trace`` (``op_instr``,
+            ``storage_op``, ``storage_index``).
+        budget: the run's budget (for the message).
 
     Raises:
-        DtrError: they differ; names the log line of the first operator or storage that does.
+        DtrError: they differ; names the log line of the first operator or
+            storage that does.
     """
-    core_instr = list(raw["op_instr"])
-    n = len(core_instr)
-    if n > g.num_ops or core_instr != list(g.op_instr[:n]):
-        k = next((k for k, (a, b) in enumerate(zip(core_instr, g.op_instr)) if a != b), min(n, g.num_ops))
-        line = g.op_line[k] if k < g.num_ops else g.op_line[-1]
-        raise DtrError(f"{g.name}:{line}: the simulator's operators do not match the extracted graph "
-                       f"(operator {k}; please report this)")
-    core = list(zip(raw["storage_op"], raw["storage_index"]))
-    exact = [(g.storage_op[s], g.op_outputs[g.storage_op[s]].index(g.storage_tensors[s][0]))
-             for s in range(min(len(core), g.num_storages))]
-    if len(core) > g.num_storages or core != exact:
-        s = next((s for s, (a, b) in enumerate(zip(core, exact)) if a != b), len(exact))
-        op = core[s][0] if s < len(core) else g.storage_op[s]
-        line = g.op_line[op] if op < g.num_ops else g.op_line[-1]
-        raise DtrError(f"{g.name}:{line}: the simulator's storages do not match the extracted graph "
-                       f"(storage {s}; please report this)")
+    finished = raw["status"] == "ok"
+
+    def refuse(op: int, what: str) -> None:
+        line = g.op_line[min(op, g.num_ops - 1)] if g.num_ops else 0
+        raise DtrError(f"{g.name}:{line}: the run under budget {budget} bytes numbers {what} differently from "
+                       f"the log's graph (the run without a budget; most likely this run pinned a storage that "
+                       f"one does not, so that an in-place write made a new version in only one of them: Note "
+                       f"[The exact graph is the core's] in csrc/replay.cpp); it cannot be exported as a "
+                       f"schedule over the graph")
+
+    run_instr = list(raw["op_instr"])
+    n = len(run_instr)
+    if run_instr != list(g.op_instr[:n]) or n > g.num_ops or (finished and n != g.num_ops):
+        k = next((k for k, (a, b) in enumerate(zip(run_instr, g.op_instr)) if a != b), min(n, g.num_ops))
+        refuse(k, f"operator {k}")
+    run = list(zip(raw["storage_op"], raw["storage_index"]))
+    m = min(len(run), g.num_storages)
+    graph = [(g.storage_op[s], g.op_outputs[g.storage_op[s]].index(g.storage_tensors[s][0])) for s in range(m)]
+    if run[:m] != graph or len(run) > g.num_storages or (finished and len(run) != g.num_storages):
+        s = next((s for s, (a, b) in enumerate(zip(run, graph)) if a != b), m)
+        refuse(g.storage_op[s] if s < g.num_storages else run[s][0], f"storage {s}")

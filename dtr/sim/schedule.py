@@ -6,8 +6,9 @@ In JSON (``dtr-sim export -o``) it is an object whose ``steps`` is a list of
 ``{"compute": OP}`` and ``{"free": STORAGE}`` (a bare list of steps is read as
 well), with the log, planner and budget alongside for reference.
 
-The evaluator (:func:`evaluate`) checks a schedule and measures it; see
-Note [Evaluator semantics]. Planners work on the planning graph
+The evaluator (:func:`evaluate`) checks a schedule and measures it; it is
+a deliberately independent model of the core's memory semantics, not a copy
+of the core (see Note [Evaluator semantics]). Planners work on the planning graph
 (:class:`~dtr.sim.graph.PlanGraph`) and produce a *compute sequence* of
 nodes; :func:`sequence_steps` adds the frees (each value freed right after
 its last use) and :func:`expand` turns them into exact steps.
@@ -57,10 +58,10 @@ class Evaluation:
 
     Attributes:
         valid: every input resident when used (or handed over in place),
-            every operator computed at least once, the wanted outputs resident
-            at the end, only resident storages freed (no constant the log
-            keeps, and no freed constant recomputed), and (with a budget)
-            peak <= budget.
+            every operator computed at least once, the tensors referenced at
+            the end resident at the end, only resident storages freed (no
+            constant the log keeps, and no freed constant recomputed), and
+            (with a budget) peak <= budget.
         error: why it is not valid (None when valid); names the step.
         peak_bytes: the peak memory (up to the failing step when invalid).
         total_compute: the sum of the costs of the computed operators.
@@ -86,8 +87,15 @@ class Evaluation:
 
 # Note [Evaluator semantics]
 # ~~~~~~~~~~~~~~~~~~~~~~~~~~
-# The evaluator follows the simulator's core exactly, so that DTR's decisions
-# frozen into a schedule give the simulator's figures:
+# The evaluator is a deliberately independent checker. It takes the graph as
+# given (the core's tables: which operators, tensors and storages exist) but
+# shares no code with the core's bookkeeping (csrc/core.cpp): it keeps its
+# own residency, definedness and memory from the schedule's steps alone. So
+# an exported DTR run that evaluates to the simulator's own peak and compute
+# (tests/test_schedules.py) checks the core's accounting against a second
+# model, and a planner's schedule is judged by rules no planner shares. The
+# rules are the core's memory semantics, written out again; a disagreement
+# is a bug in one of the two, which the export tests are there to find:
 # - memory counts resident storages (views are 0 bytes; constants count once
 #   their operator ran);
 # - ``compute OP`` needs every input tensor *defined*: its storage resident
@@ -97,13 +105,14 @@ class Evaluation:
 #   fresh output size is allocated at once, on top of what is resident (this
 #   is the step's transient peak); outputs whose storage was already resident
 #   are then freed again (a recomputation duplicates them only transiently);
-# - ``free S`` needs S resident. A constant may be freed only if the log
-#   drops it (none of its tensors is wanted: the runtime frees a constant
-#   whose last reference dies), and it never comes back: computing its
-#   operator again is an error (a weight cannot be recomputed);
-# - at the end every wanted tensor (still referenced when the log ends) must
-#   be defined, and every operator must have been computed at least once (a
-#   planner may not skip the log's work);
+# - ``free S`` needs S resident. A constant (Graph.storage_constant) may be
+#   freed only if the log drops it (none of its tensors is referenced at the
+#   end: the runtime frees a constant whose last reference dies), and it
+#   never comes back: computing its operator again is an error (a weight
+#   cannot be recomputed);
+# - at the end every tensor still referenced when the log ends
+#   (Graph.referenced_at_end) must be defined, and every operator must have
+#   been computed at least once (a planner may not skip the log's work);
 # - total compute is the sum of the costs of all compute steps.
 
 # Note [In-place writes in a schedule]
@@ -126,6 +135,11 @@ class Evaluation:
 def evaluate(graph: Graph, steps: Iterable[Step], budget: Optional[int] = None) -> Evaluation:
     """Validate a schedule and measure its peak memory and total cost.
 
+    A deliberately independent checker: it models the core's memory
+    semantics from the graph alone and shares no code with the core, so that
+    agreeing with the simulator's figures on an exported run means something
+    (Note [Evaluator semantics]).
+
     Args:
         graph: the exact graph the schedule is over.
         steps: ``(COMPUTE, op)`` / ``(FREE, storage)`` pairs.
@@ -144,10 +158,10 @@ def evaluate(graph: Graph, steps: Iterable[Step], budget: Optional[int] = None) 
     computes = recomputes = frees = 0
     error: Optional[str] = None
     op_inputs, op_alloc, op_fresh, op_outputs, op_cost = g.op_inputs, g.op_alloc, g.op_fresh, g.op_outputs, g.op_cost
-    size, st_tensors, pinned = g.storage_size, g.storage_tensors, g.storage_pinned
+    size, st_tensors, constant = g.storage_size, g.storage_tensors, g.storage_constant
     overwrites = g.op_overwrites
     overwritten = {s for ss in overwrites for s in ss}
-    kept = {g.tensor_storage[t] for t in g.wanted}
+    kept = {g.tensor_storage[t] for t in g.referenced_at_end}
     gone = bytearray(n_st)  # constants freed (never back)
     handed: dict = {}  # storage freed since the last compute step -> its tensors defined then
     for i, (kind, x) in enumerate(steps):
@@ -195,7 +209,7 @@ def evaluate(graph: Graph, steps: Iterable[Step], budget: Optional[int] = None) 
             if not resident[x]:
                 error = f"step {i}: free storage {x}: not resident"
                 break
-            if pinned[x]:
+            if constant[x]:
                 if x in kept:
                     error = f"step {i}: free storage {x}: a constant the log keeps cannot be freed"
                     break
@@ -211,11 +225,11 @@ def evaluate(graph: Graph, steps: Iterable[Step], budget: Optional[int] = None) 
             error = f"step {i}: unknown step kind {kind!r} (valid: compute, free)"
             break
     if error is None:
-        missing = [t for t in g.wanted if not defined[t]]
+        missing = [t for t in g.referenced_at_end if not defined[t]]
         if missing:
             t = missing[0]
-            error = (f"end: {len(missing)} wanted output(s) not resident, e.g. tensor {t} of op {g.tensor_op[t]} "
-                     f"(log line {g.op_line[g.tensor_op[t]]})")
+            error = (f"end: {len(missing)} tensor(s) referenced at the end not resident, e.g. tensor {t} of op "
+                     f"{g.tensor_op[t]} (log line {g.op_line[g.tensor_op[t]]})")
     if error is None and not all(computed):
         k = computed.index(0)
         error = f"end: op {k} ({g.op_name[k]}, log line {g.op_line[k]}) was never computed"
@@ -233,7 +247,7 @@ def sequence_steps(pg: PlanGraph, seq: Sequence[int]) -> List[Step]:
     Returns ``(COMPUTE, node)`` and ``(FREE, storage)`` steps (exact storage
     ids; :func:`expand` turns the node computes into operators). A use reads
     the latest computation of the node before it. The last computation of a
-    wanted storage is kept, and so is a constant unless the log drops it
+    storage referenced at the end is kept, and so is a constant unless the log drops it
     (freed after its last use, at its node's last computation). An old
     version whose last use is the in-place write that overwrites it is freed
     right before the write, which then runs in place (Note [Planned frees]).
@@ -254,7 +268,7 @@ def sequence_steps(pg: PlanGraph, seq: Sequence[int]) -> List[Step]:
         latest[v] = p
         last_use.append({s: p for s in pg.storages[v]})
     keep = len(seq)
-    for s in pg.wanted_storages:
+    for s in pg.storages_referenced_at_end:
         q = latest[owner[s]]
         if q >= 0:
             last_use[q][s] = keep
@@ -280,14 +294,14 @@ def sequence_steps(pg: PlanGraph, seq: Sequence[int]) -> List[Step]:
 # sequence_steps frees every storage after its last use, as the log's own
 # program would, with two refinements that make the planners' schedules as
 # frugal as the runtime's on the runtime's logs: a constant the log drops
-# (none of its tensors wanted: an input or an old gradient) is freed after its
-# last use too, once its node will not be computed again (a freed constant
-# never comes back); and an old version whose last use is the in-place write
-# that overwrites it is freed right before the write, which then runs in
-# place (Note [In-place writes in a schedule]), as the core does. The
-# planners' own memory models do not count either saving (they treat the
-# constants as always resident and the write as out of place), so their plans
-# are, if anything, below the budget they aimed for.
+# (none of its tensors referenced at the end: an input or an old gradient)
+# is freed after its last use too, once its node will not be computed again
+# (a freed constant never comes back); and an old version whose last use is
+# the in-place write that overwrites it is freed right before the write,
+# which then runs in place (Note [In-place writes in a schedule]), as the
+# core does. The planners' own memory models do not count either saving
+# (they treat the constants as always resident and the write as out of
+# place), so their plans are, if anything, below the budget they aimed for.
 
 
 def _in_place_frees(pg: PlanGraph) -> List[frozenset]:

@@ -23,11 +23,15 @@ from dtr.sim.graph import PlanGraph
 __all__ = ["PlanOptions", "PlanResult", "register_planner", "get_planner", "planner_names", "run_planner",
            "STATUSES"]
 
-#: Statuses a planner reports: ``optimal`` (proven, gap tolerance <= 1e-6),
-#: ``ok`` (a schedule within the budget), ``infeasible`` (none exists, or none
-#: was found by a heuristic planner), ``timeout`` (the time limit passed: no
-#: schedule, or for the ILP the heuristic incumbent it could not improve on, with a gap), ``n/a`` (the planner does not apply to this graph).
-STATUSES = ("optimal", "ok", "infeasible", "timeout", "n/a")
+#: Statuses a planner reports (docs/planners.md): ``optimal`` (proven, gap
+#: tolerance <= 1e-6), ``ok`` (a schedule within the budget), ``infeasible``
+#: (proven: nothing in the planner's space fits the budget, e.g. the constants
+#: alone exceed it), ``timeout`` (the time limit passed: no schedule, or for
+#: the ILP the heuristic incumbent it could not improve on, with a gap),
+#: ``oom`` (a heuristic search, ``chen``, ``fastsa`` or ``checkmate-lp``'s
+#: rounding, found no plan within the budget; one may still exist), ``n/a``
+#: (the planner does not apply to this graph).
+STATUSES = ("optimal", "ok", "infeasible", "timeout", "oom", "n/a")
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ __all__ = ["plan_checkmate", "plan_checkmate_lp", "build_ilp", "IlpModel"]
 # FREE[t,i,k]: i freed right after computing k in stage t (k = i or a user of
 # i); continuous U[t,k]: memory after computing k in stage t, before frees.
 #   R[t,t] = 1; R[t,k] <= R[t,d] + S[t,d] for each input d of k;
-#   S[t+1,i] <= S[t,i] + R[t,i]; S[n,i] = 1 for wanted nodes;
+#   S[t+1,i] <= S[t,i] + R[t,i]; S[n,i] = 1 for nodes referenced at the end;
 #   FREE[t,i,k] = R[t,k] (1 - S[t+1,i]) prod_{users j of i, k < j <= t} (1 - R[t,j]),
 #     linearized with the hazard count h = (1 - R[t,k]) + S[t+1,i] + sum R[t,j]:
 #     1 - FREE <= h and kappa (1 - FREE) >= h, kappa = 2 + #j;
@@ -187,12 +187,12 @@ def build_ilp(pg: PlanGraph, budget: int) -> IlpModel:
             if pg.pinned[i]:
                 lb[S(t, i)] = 1.0
     for i in range(n):
-        if pg.wanted[i] or pg.pinned[i]:
+        if pg.referenced_at_end[i] or pg.pinned[i]:
             lb[S(n, i)] = 1.0
     # Pruning (Note [The Checkmate ILP]): keeping i into stage t is useless once
     # its last user has run (last[i] < t); computing i in stage t is useless once
     # every node that transitively reads it is done (reach[i] < t).
-    last = [n if (pg.wanted[i] or pg.pinned[i]) else max(users[i], default=i) for i in range(n)]
+    last = [n if (pg.referenced_at_end[i] or pg.pinned[i]) else max(users[i], default=i) for i in range(n)]
     reach = last[:]
     for i in range(n - 1, -1, -1):
         for j in users[i]:
@@ -233,7 +233,7 @@ def ilp_point(pg: PlanGraph, model: IlpModel, seq: List[int]):
     The sequence must compute the nodes for the first time in the log's order
     (stage t then ends with the first computation of t) and compute a node at
     most once per stage. S[t,i] = 1 when the value of i alive at the start of
-    stage t is read later (or is wanted or a constant). Whether the point is
+    stage t is read later (or is referenced at the end, or a constant). Whether the point is
     feasible in the ILP (its memory model) is checked by the solver
     (:func:`_verify_point`).
     """
@@ -258,7 +258,7 @@ def ilp_point(pg: PlanGraph, model: IlpModel, seq: List[int]):
             return None  # twice in one stage
         x[key] = 1.0
     # lifetime of each computation: [p, last read before the next computation]
-    # (to the end for the last computation of a wanted node or a constant)
+    # (to the end for the last computation of a node referenced at the end or a constant)
     latest = [-1] * n
     end = list(range(len(seq)))
     for p, v in enumerate(seq):
@@ -266,7 +266,7 @@ def ilp_point(pg: PlanGraph, model: IlpModel, seq: List[int]):
             end[latest[d]] = p
         latest[v] = p
     for v in range(n):
-        if pg.wanted[v] or pg.pinned[v]:
+        if pg.referenced_at_end[v] or pg.pinned[v]:
             end[latest[v]] = len(seq)
     start = [first[t - 1] + 1 for t in range(1, n + 1)]  # stage t starts here (t = 1..n)
     start.append(len(seq) + 1)
@@ -424,7 +424,7 @@ def round_forward(pg: PlanGraph, keep) -> List[int]:
         seq.extend(need)
         avail = resident.union(need)
         resident = {i for i in avail if pinned[i] or keep(t + 1, i)}
-    missing = [i for i in range(n) if pg.wanted[i] and i not in resident]
+    missing = [i for i in range(n) if pg.referenced_at_end[i] and i not in resident]
     seq.extend(closure(missing))
     return seq
 

@@ -25,9 +25,10 @@ __all__ = ["plan_fastsa", "AddMaxTree", "Annealer"]
 # covered by an earlier production; a node keeps at least one production,
 # constants are never touched). Each node's value lives, for each of its
 # productions, from the production to its last use before the next one (to
-# the end for the last production of a wanted node or a constant); the memory
-# of every time slot is kept in an add-max segment tree (range add, global
-# max), so the peak after a mutation costs O(log T) per changed interval. A
+# the end for the last production of a node referenced at the end or a
+# constant); the memory of every time slot is kept in an add-max segment
+# tree (range add, global max), so the peak after a mutation costs
+# O(log T) per changed interval. A
 # rejected mutation is undone by its inverse. Objective: the paper's eq. 1,
 # f = max(budget, peak) * cost, while the peak is within the budget; above
 # it the peak counts to the power OVER (4), budget * (peak/budget)^4 * cost,
@@ -107,7 +108,7 @@ class Annealer:
         self.prod: List[List[int]] = [[] for _ in range(n)]
         self.uses: List[List[int]] = [[] for _ in range(n)]
         self.ivs: List[List[Tuple[int, int]]] = [[] for _ in range(n)]
-        self.keep = [pg.wanted[v] or pg.pinned[v] for v in range(n)]
+        self.keep = [pg.referenced_at_end[v] or pg.pinned[v] for v in range(n)]
         self.tree = AddMaxTree(T)
         self.cost = 0.0
         L = max(1, len(order))
