@@ -9,11 +9,10 @@ import pytest
 
 from dtr.cli import main
 from dtr.core import replay_program
-from dtr.errors import DtrError
 from dtr.sim import parse_text, read_log
 from dtr.sim.chain import chain_log
 from dtr.sim.compare import compare
-from dtr.sim.export import export_schedule
+from dtr.sim.export import ExportError, export_schedule
 from dtr.sim.graph import GraphError, PlanGraphError, graph_from_log, plan_graph
 from dtr.sim.replay import baseline, replay
 from dtr.sim.schedule import COMPUTE, FREE, evaluate, load_schedule
@@ -255,8 +254,13 @@ def test_export_refuses_a_run_that_pins_what_the_graph_does_not():
     (add,) = [k for k in range(g.num_ops) if g.op_name[k] == "add_"]
     assert len(g.op_overwrites[add]) == 1  # without a budget: a new version of d
     assert _agree(log, fracs=(None, 1.0)) == 8
-    with pytest.raises(DtrError, match=r"<string>:10: the run under budget 208 bytes numbers storage 4 "):
+    with pytest.raises(ExportError, match=r"<string>:10: the run under budget 208 bytes numbers storage 4 "):
         export_schedule(log, "lru", 208, graph=g)
+    # compare reports that run as a row that says why, and goes on with the others.
+    rows = compare(log, [208], planners=[], heuristics=["lru", "eqclass"])
+    (lru,) = [r for r in rows if r.planner == "lru"]
+    assert lru.status == "n/a" and "numbers storage 4 differently" in lru.message
+    assert {r.planner for r in rows} == {"lru", "eqclass"}
 
 
 def test_evaluator_hands_an_overwritten_version_over_in_place(data_dir):

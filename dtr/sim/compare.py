@@ -25,7 +25,8 @@ class CompareRow:
         budget_bytes: the budget.
         budget_ratio: budget / the log's peak without eviction.
         status: ``optimal``, ``ok``, ``infeasible``, ``timeout``, ``oom``,
-            ``thrash`` or ``n/a``.
+            ``thrash`` or ``n/a`` (a planner that does not apply to the graph,
+            or a DTR run that cannot be exported over it; ``message`` says why).
         valid: the evaluator's verdict on the schedule (None: no schedule).
         peak_bytes: the schedule's peak (DTR without a schedule: the simulator's).
         total_compute: its total cost (likewise).
@@ -97,7 +98,7 @@ def compare(log: Union[Log, str], budgets: Sequence[int], planners: Sequence[str
         ValueError: an unknown planner or heuristic.
     """
     from dtr.heuristics import get_heuristic
-    from dtr.sim.export import export_schedule
+    from dtr.sim.export import ExportError, export_schedule
     from dtr.sim.planners import PlanOptions, get_planner, run_planner
     from dtr.sim.replay import baseline
     from dtr.sim.schedule import evaluate, plan_schedule
@@ -135,7 +136,12 @@ def compare(log: Union[Log, str], budgets: Sequence[int], planners: Sequence[str
                                    r.gap, msg))
         for h in heuristics:
             t0 = time.perf_counter()
-            ex = export_schedule(log, h, b, thrash_limit=thrash_limit, graph=g)
+            try:
+                ex = export_schedule(log, h, b, thrash_limit=thrash_limit, graph=g)
+            except ExportError as e:  # one run that is not a schedule over the graph: a row that says why
+                rows.append(CompareRow(h, "dtr", b, ratio, "n/a", None, None, None, base, None,
+                                       time.perf_counter() - t0, None, str(e)))
+                continue
             dt = time.perf_counter() - t0
             if ex.status == "ok":
                 ev = evaluate(g, ex.schedule.steps, b)

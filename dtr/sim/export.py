@@ -12,7 +12,11 @@ from dtr.sim.graph import Graph, graph_from_log
 from dtr.sim.logs import Log, read_log
 from dtr.sim.schedule import COMPUTE, FREE, Schedule
 
-__all__ = ["Export", "export_schedule"]
+__all__ = ["Export", "ExportError", "export_schedule"]
+
+
+class ExportError(DtrError):
+    """A DTR run that cannot be written as a schedule over the log's graph (see :func:`export_schedule`)."""
 
 
 @dataclass(frozen=True)
@@ -80,7 +84,7 @@ def export_schedule(log: Union[Log, str], heuristic: Union[Heuristic, str] = "eq
 
     Raises:
         LogFormatError: ``log`` is a path to a bad log.
-        DtrError: the run numbers operators or storages differently from
+        ExportError: the run numbers operators or storages differently from
             the graph (Note [Exporting a DTR run]); the message names the
             first log line where they differ.
     """
@@ -113,14 +117,14 @@ def _check_same_ids(g: Graph, raw: dict, budget: Optional[int]) -> None:
         budget: the run's budget (for the message).
 
     Raises:
-        DtrError: they differ; names the log line of the first operator or
+        ExportError: they differ; names the log line of the first operator or
             storage that does.
     """
     finished = raw["status"] == "ok"
 
     def refuse(op: int, what: str) -> None:
         line = g.op_line[min(op, g.num_ops - 1)] if g.num_ops else 0
-        raise DtrError(f"{g.name}:{line}: the run under budget {budget} bytes numbers {what} differently from "
+        raise ExportError(f"{g.name}:{line}: the run under budget {budget} bytes numbers {what} differently from "
                        f"the log's graph (the run without a budget; most likely this run pinned a storage that "
                        f"one does not, so that an in-place write made a new version in only one of them: Note "
                        f"[The exact graph is the core's] in csrc/replay.cpp); it cannot be exported as a "
