@@ -254,7 +254,7 @@ def worker(spec: dict) -> dict:
 
     out = {"const_bytes": const, "times": [], "stats": [], "error": None}
     try:
-        for i in range(spec["warmup"]):
+        for _ in range(spec["warmup"]):
             step(100)
         # Clean reference point: reset the high-water mark and take the base RSS (or the GPU's allocation).
         if cuda:
@@ -265,7 +265,7 @@ def worker(spec: dict) -> dict:
             with open("/proc/self/clear_refs", "w") as f:
                 f.write("5")
             base = _status()["rss"]
-        for i in range(spec["steps"]):
+        for _ in range(spec["steps"]):
             if cuda:
                 torch.cuda.synchronize()
             t = time.perf_counter()
@@ -300,7 +300,7 @@ def run_worker(spec: dict, timeout: float) -> dict:
     except subprocess.TimeoutExpired:
         return {"error": f"timeout after {timeout:.0f} s", "wall": time.perf_counter() - t}
     wall = time.perf_counter() - t
-    lines = [l for l in p.stdout.splitlines() if l.startswith("{")]
+    lines = [ln for ln in p.stdout.splitlines() if ln.startswith("{")]
     if p.returncode != 0 or not lines:
         return {"error": f"worker exit {p.returncode}: {p.stderr.strip().splitlines()[-1:] if p.stderr else ''}",
                 "wall": wall}
@@ -535,7 +535,8 @@ def render(a, models, fracs, calib, results, elapsed, load_start) -> str:
             over = "–" if s["limit"] is None or s["increase"] is None else \
                 f"{(c['C'] + s['increase'] - s['limit']) / MiB:+.1f}"
             dp = f"{fmt_mib(s['dtr_peak'])} ({fmt_mib(s['dtr_peak'] - c['C'])})" if s["dtr_peak"] is not None else "–"
-            f2 = (lambda x, d=2: "–" if x is None else f"{x:.{d}f}")
+            def f2(x, d=2):
+                return "–" if x is None else f"{x:.{d}f}"
             L.append(f"| {label(v)} | {fmt_mib(s['limit'])} | {s['ok']}/{s['n']} | {f2(s['time'], 3)} | "
                      f"{f2(s['time_ratio'])} | {fmt_mib(s['increase'])} | {f2(s['peak_ratio'])} | "
                      f"{'–' if s['evictions'] is None else int(s['evictions'])} | "

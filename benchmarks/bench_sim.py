@@ -9,9 +9,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import gzip
-import json
-import math
 import os
 import pathlib
 import platform
@@ -38,9 +35,9 @@ def chain_section() -> list:
         log = parse_text(chain_log(n))
         for h in ("dtr", "eqclass"):
             s = replay(log, h, chain_budget(n, "sqrt"), thrash_limit=50, banish=True)
-            l = replay(log, h, chain_budget(n, "log"), thrash_limit=50, banish=True)
+            lg = replay(log, h, chain_budget(n, "log"), thrash_limit=50, banish=True)
             rows.append(f"| {n} | {h} | {s.total_compute - s.base_compute:.0f} | {1.1 * n:.0f} | {ref[n]} | "
-                        f"{l.status} | {l.total_compute - l.base_compute:.0f} |")
+                        f"{lg.status} | {lg.total_compute - lg.base_compute:.0f} |")
     return rows + [""]
 
 
@@ -88,7 +85,8 @@ def speed_section(shared: pathlib.Path, rounds: int) -> list:
         pair = [("loads", loads), ("sim", sim)]
         random.shuffle(pair)
         got = {k: time_process(a) for k, a in pair}
-        t_loads.append(got["loads"]); t_sim.append(got["sim"])
+        t_loads.append(got["loads"])
+        t_sim.append(got["sim"])
         ratios.append(got["sim"] / got["loads"])
     log = read_log(lstm)
     peak = baseline(log)["peak_memory"]
@@ -135,7 +133,7 @@ def pool_section() -> list:
                 c._core.budget = n  # now full: each new 1-byte output evicts one storage
                 k = 2000
                 t = time.perf_counter()
-                for i in range(k):
+                for _ in range(k):
                     last = c.call([last], [1], [-1], 1.0)[0]
                 dt = time.perf_counter() - t
                 cols.append(f"{1e6 * dt / k:.1f}")
@@ -150,7 +148,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     shared = pathlib.Path(args.shared)
-    head = [f"# dtr-sim benchmark", "",
+    head = ["# dtr-sim benchmark", "",
             f"Machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}; "
             f"date {datetime.date.today().isoformat()}.", ""]
     body = chain_section() + quality_section(shared) + speed_section(shared, args.rounds) + pool_section()

@@ -43,7 +43,8 @@ def main() -> None:
         same = torch.equal(loss, ref_loss) and all(torch.equal(p.grad, q.grad)
                                                     for p, q in zip(m.parameters(), ref.parameters()))
         s = b.stats
-        print(f"budget {limit / 2**20:6.1f} MiB ({f:.0%} of the step's own memory): peak {s['peak_bytes'] / 2**20:6.1f} MiB, "
+        print(f"budget {limit / 2**20:6.1f} MiB ({f:.0%} of the step's own memory): "
+              f"peak {s['peak_bytes'] / 2**20:6.1f} MiB, "
               f"{s['evictions']} evictions, {s['remats']} recomputations, gradients identical: {same}")
 
 

@@ -22,8 +22,15 @@ import time
 
 from dtr.heuristics import heuristic_names
 from dtr.sim.chain import chain_log
-from dtr.sim.plot import (ablation_heuristics, last_ok_ratio, plot_ablation, plot_accesses, plot_chain_scaling,
-                          plot_memory_traces, plot_overhead)
+from dtr.sim.plot import (
+    ablation_heuristics,
+    last_ok_ratio,
+    plot_ablation,
+    plot_accesses,
+    plot_chain_scaling,
+    plot_memory_traces,
+    plot_overhead,
+)
 from dtr.sim.sweep import sweep
 from dtr.sim.trace import chain_scaling, chain_trace
 

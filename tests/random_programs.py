@@ -16,7 +16,8 @@ trips of live tensors, and sparse COO/CSR operands (written in place too).
 
 :func:`generate` builds one instruction at a time, running each eagerly and
 keeping only those PyTorch accepts, and retries until the program's backward
-also runs, so every program it returns is valid plain PyTorch. :func:`run` executes a program, optionally inside a context (a
+also runs, so every program it returns is valid plain PyTorch. :func:`run` executes a program, optionally
+inside a context (a
 ``dtr.budget``), and returns what it computed; :func:`run_steps` runs it as
 several training steps with an in-place SGD update, in one context per step
 or one around all.
@@ -450,7 +451,7 @@ def generate(seed: int, length: int = 60, attempts: int = 20) -> Program:
         for _ in range(20 * length):  # proposals (most are kept)
             if len(instrs) == length:
                 break
-            ins = _propose(rng, env, lambda: f"v{next(counter)}")
+            ins = _propose(rng, env, lambda counter=counter: f"v{next(counter)}")
             if ins is None:
                 continue
             trial = dict(env)

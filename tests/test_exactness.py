@@ -155,7 +155,7 @@ def test_evicted_tensors_leave_with_their_bytes(how):
     torch.manual_seed(0)
     want = _chain(torch.randn(64, 256), 24)[::6]
     torch.manual_seed(0)
-    with dtr.budget(_budget(12), cost_model="flops") as b:
+    with dtr.budget(_budget(12), cost_model="flops"):
         hs = _chain(torch.randn(64, 256), 24)
         kept = hs[::6]
         del hs

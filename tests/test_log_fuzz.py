@@ -242,7 +242,7 @@ def test_fuzz_replay_in_process(capsys, tmp_path):
 
 def test_fuzz_other_commands_in_process(capsys, tmp_path):
     """sweep, export and compare read the same mutated logs: status 0 or 2, one line."""
-    for n, name, data, kind, r in list(_cases())[:OTHER_CASES]:
+    for n, name, data, kind, _ in list(_cases())[:OTHER_CASES]:
         path = tmp_path / f"case{n}-{name}"
         path.write_bytes(data)
         cmd = n % 3
@@ -265,7 +265,7 @@ def test_fuzz_as_processes(tmp_path):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT)] + sys.path))
     rng = random.Random(SEED + 1)
     picked = rng.sample(list(_cases()), PROCESS_CASES)
-    for n, name, data, kind, r in picked:
+    for n, name, data, kind, _ in picked:
         path = tmp_path / f"proc{n}-{name}"
         path.write_bytes(data)
         p = subprocess.run([sys.executable, "-m", "dtr.cli", "replay", str(path), "--budget", "40%"],

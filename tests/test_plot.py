@@ -10,9 +10,18 @@ from dtr.cli import main
 from dtr.errors import DtrError
 from dtr.sim import chain_log, parse_text, replay
 from dtr.sim.chain import chain_budget
-from dtr.sim.plot import (ablation_heuristics, check_figure_path, last_ok_ratio, plot_ablation, plot_accesses,
-                          plot_chain_scaling, plot_memory_traces, plot_overhead, shaded_shares)
-from dtr.sim.sweep import read_rows, sweep
+from dtr.sim.plot import (
+    ablation_heuristics,
+    check_figure_path,
+    last_ok_ratio,
+    plot_ablation,
+    plot_accesses,
+    plot_chain_scaling,
+    plot_memory_traces,
+    plot_overhead,
+    shaded_shares,
+)
+from dtr.sim.sweep import sweep
 from dtr.sim.trace import GRADIENT, RESIDENT, chain_scaling, chain_trace, memory_trace
 
 pytest.importorskip("matplotlib")
@@ -34,7 +43,8 @@ def test_last_ok_ratio_walks_down_from_the_top(rows):
     ratio, why = last_ok_ratio(small)
     ok = sorted(r.budget_ratio for r in small if r.status == "ok")
     assert why == "oom" and ratio == min(ok)
-    mk = lambda x, s: replace(small[0], budget_ratio=x, status=s)
+    def mk(x, s):
+        return replace(small[0], budget_ratio=x, status=s)
     assert last_ok_ratio([mk(1.0, "ok"), mk(0.5, "ok"), mk(0.4, "thrash"), mk(0.3, "ok")]) == (0.5, "thrash")
     assert last_ok_ratio([mk(1.0, "ok"), mk(0.5, "ok")]) == (None, None)
     assert last_ok_ratio([mk(1.0, "oom")]) == (None, None)
@@ -134,7 +144,8 @@ def test_generic_memory_trace_labels_storages(data_dir):
     tr = memory_trace(log, "eqclass", 35)
     assert "a" in tr.rows and tr.status == "ok"
     # constants are core ops too: one step each
-    assert tr.steps == sum(1 for r in log.records() if r.kind in ("constant", "call", "mutate")) + replay(log, "eqclass", 35).remats
+    ops = sum(1 for r in log.records() if r.kind in ("constant", "call", "mutate"))
+    assert tr.steps == ops + replay(log, "eqclass", 35).remats
 
 
 def test_chain_scaling_matches_the_cli_chain():

@@ -16,8 +16,9 @@ import dtr  # noqa: E402
 
 # Storage introspection that does not count as the program's memory escaping (dtr/runtime/escapes.py).
 _storage = torch._C.TensorBase.untyped_storage
-from dtr.runtime.mode import _SWAP  # noqa: E402
 from torch.utils._python_dispatch import _disable_current_modes  # noqa: E402
+
+from dtr.runtime.mode import _SWAP  # noqa: E402
 from dtr.sim import replay  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(__file__))

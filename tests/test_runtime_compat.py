@@ -29,10 +29,8 @@ _storage = torch._C.TensorBase.untyped_storage
 from dtr.sim import replay  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(__file__))
-from runtime_zoo_small import (RandomOpsNet, assert_same_grads, budget_at, constant_bytes, mlp,  # noqa: E402
-                               peak_of)
-
 from runtime_models import train_step  # noqa: E402
+from runtime_zoo_small import RandomOpsNet, assert_same_grads, budget_at, constant_bytes, mlp, peak_of  # noqa: E402
 
 
 def assert_tight(b, limit):
@@ -233,7 +231,9 @@ def test_blocks_do_not_nest():
 
 
 def test_a_fullgraph_function_runs_eagerly_in_the_block_and_compiled_after_it():
-    """``fullgraph=True`` used to raise inside a block ("found no compiled frames"); see Note [Compiled code in a block].
+    """``fullgraph=True`` used to raise inside a block ("found no compiled frames").
+
+    See Note [Compiled code in a block].
 
     The block ignores torch.compile (the "force_eager" stance: nothing is
     compiled in it) and gives the program's stance back at its end: the
@@ -521,7 +521,7 @@ def test_mode_is_gone_after_the_block_and_tensors_are_usable():
     with pytest.raises(ZeroDivisionError):
         with dtr.budget(None):
             torch.ones(3).sum()
-            1 / 0
+            raise ZeroDivisionError("the program's own error")
     assert _get_current_dispatch_mode() is None
 
 

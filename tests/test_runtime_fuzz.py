@@ -104,7 +104,7 @@ def test_random_programs_over_training_steps_are_exact(one_with):
             continue
         blocks = []
 
-        def tracked():
+        def tracked(blocks=blocks):
             blocks.append(dtr.budget(None, cost_model="flops"))
             return blocks[-1]
         run_steps(p, around=tracked()) if one_with else run_steps(p, per_step=tracked)
@@ -114,7 +114,7 @@ def test_random_programs_over_training_steps_are_exact(one_with):
             limit = int(const + f * max(peak - const, 0))
             blocks = []
 
-            def budgeted():
+            def budgeted(blocks=blocks, limit=limit):
                 blocks.append(dtr.budget(limit, cost_model="flops"))
                 return blocks[-1]
             try:

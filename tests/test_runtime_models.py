@@ -23,10 +23,19 @@ import torch.nn.functional as F  # noqa: E402
 import dtr  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(__file__))
-from runtime_zoo_small import (LoopLSTM, TinyGPT, TreeLSTM, assert_same_grads, budget_at,  # noqa: E402
-                               constant_bytes, peak_of, random_tree, tree_depth)
-from runtime_zoo_small import seeded_step as step  # noqa: E402
 from runtime_models import mlp  # noqa: E402
+from runtime_zoo_small import (  # noqa: E402
+    LoopLSTM,
+    TinyGPT,
+    TreeLSTM,
+    assert_same_grads,
+    budget_at,
+    constant_bytes,
+    peak_of,
+    random_tree,
+    tree_depth,
+)
+from runtime_zoo_small import seeded_step as step  # noqa: E402
 
 
 def gpt():

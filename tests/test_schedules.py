@@ -6,6 +6,7 @@ import pathlib
 import random
 
 import pytest
+from test_stress import random_log, with_collects, with_inplace
 
 from dtr.cli import main
 from dtr.core import replay_program
@@ -16,7 +17,6 @@ from dtr.sim.export import ExportError, export_schedule
 from dtr.sim.graph import GraphError, PlanGraphError, graph_from_log, plan_graph
 from dtr.sim.replay import baseline, replay
 from dtr.sim.schedule import COMPUTE, FREE, evaluate, load_schedule
-from test_stress import random_log, with_collects, with_inplace
 
 HEURISTICS = ("dtr", "eqclass", "local", "lru")
 ZOO_LOGS = pathlib.Path(__file__).resolve().parents[1] / "logs"

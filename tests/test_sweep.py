@@ -12,9 +12,9 @@ import pytest
 from dtr.cli import main
 from dtr.errors import DtrError
 from dtr.heuristics import get_heuristic, heuristic_names
-from dtr.sim import chain_log, read_log, replay
+from dtr.sim import chain_log, replay
 from dtr.sim.replay import ReplayResult
-from dtr.sim.sweep import FIELDS, SweepRow, parse_heuristics, parse_ratios, read_rows, sweep
+from dtr.sim.sweep import FIELDS, parse_heuristics, parse_ratios, read_rows, sweep
 
 
 def run(capsys, *argv):

@@ -12,12 +12,10 @@ from dtr.core import Core
 torch = pytest.importorskip("torch")
 
 import dtr  # noqa: E402
-from dtr.runtime.timing import (MEASURE_FIRST, RESAMPLE_EVERY, CudaEventTimer, ProvisionalCosts,  # noqa: E402
-                               WallTimer, make_timer)
+from dtr.runtime.timing import MEASURE_FIRST, RESAMPLE_EVERY, CudaEventTimer, ProvisionalCosts, WallTimer, make_timer  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(__file__))
 from runtime_models import constant_bytes, mlp, train_step  # noqa: E402
-
 
 # ----------------------------------------------------------------- Core.set_cost
 

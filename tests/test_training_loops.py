@@ -219,9 +219,9 @@ def plain_train(ctx, model_name, opt_name, sched_name, micro, autocast, set_to_n
     torch.manual_seed(2)  # the dropout masks
     with ctx:
         model.train()
-        for step in range(STEPS):
+        for _ in range(STEPS):
             opt.zero_grad(set_to_none=set_to_none)
-            for k in range(micro):
+            for _ in range(micro):
                 x = make_x(g)
                 y = torch.randint(0, 10, (x.shape[0],), generator=g)
                 with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):

@@ -4,8 +4,16 @@ from __future__ import annotations
 import argparse
 import math
 
-from dtr.cli.common import (add_budget_option, add_heuristic_options, command, emit_json, heuristic_from_args,
-                            positive_seconds, seed_type, thrash_limit_type)
+from dtr.cli.common import (
+    add_budget_option,
+    add_heuristic_options,
+    command,
+    emit_json,
+    heuristic_from_args,
+    positive_seconds,
+    seed_type,
+    thrash_limit_type,
+)
 from dtr.errors import DtrError
 
 __all__ = ["COMMANDS"]

@@ -363,7 +363,8 @@ class DTRMode(TorchDispatchMode):
         self.remat_seconds = 0.0
         self.ops_seen = 0
         self.versions: Dict[int, int] = {}          # core tensor -> in-place versions behind it
-        self._opaque_readers: Dict[Any, List[int]] = {}  # _opaque_keys of a non-strided tensor -> core tensors read from it
+        # _opaque_keys of a non-strided tensor -> the core tensors computed from it
+        self._opaque_readers: Dict[Any, List[int]] = {}
         self._ops_at_gc = 0
         self._live_after_gc = 0
         self._collected_after_compact = 0   # collected storages the core kept at the last compaction
@@ -708,7 +709,8 @@ class DTRMode(TorchDispatchMode):
         """
         src = _storage(o)
         s = self.core.storage_of(slot.tensor)
-        if src.nbytes() != self.core.storage_size(s) or o.storage_offset() != slot.offset or tuple(o.shape) != slot.size \
+        if src.nbytes() != self.core.storage_size(s) or o.storage_offset() != slot.offset \
+                or tuple(o.shape) != slot.size \
                 or tuple(o.stride()) != slot.stride or o.dtype != slot.dtype:
             return False
         st = self.phys[s].get()
@@ -1235,7 +1237,8 @@ class DTRMode(TorchDispatchMode):
         self.versions = {tensors[t]: n for t, n in self.versions.items() if tensors[t] >= 0}
         self.version = {k: tensors[t] for k, t in self.version.items() if tensors[t] >= 0}
         self.alive = {h: tensors[t] for h, t in self.alive.items()}  # referenced: always kept
-        self._opaque_readers = {k: [tensors[t] for t in ts if tensors[t] >= 0] for k, ts in self._opaque_readers.items()}
+        self._opaque_readers = {k: [tensors[t] for t in ts if tensors[t] >= 0]
+                                for k, ts in self._opaque_readers.items()}
         self._collected_after_compact = self.core.num_collected_storages
         self._collected_ops = 0
 
@@ -1387,7 +1390,10 @@ def _default_generator(device: torch.device) -> torch.Generator:
     return module.default_generators[index]
 
 
-def _rng_capture(func: Any, leaves: List[Any], device: torch.device) -> Tuple[Tuple[torch.Generator, torch.Tensor], ...]:
+_RngStates = Tuple[Tuple[torch.Generator, torch.Tensor], ...]  # (generator, its state) pairs
+
+
+def _rng_capture(func: Any, leaves: List[Any], device: torch.device) -> _RngStates:
     """(generator, state) of each generator random op ``func`` may draw from, before it runs (Note [Random ops])."""
     gens = [x for x in leaves if isinstance(x, torch.Generator)]
     if not gens:
@@ -1395,7 +1401,7 @@ def _rng_capture(func: Any, leaves: List[Any], device: torch.device) -> Tuple[Tu
     return tuple([(g, g.get_state()) for g in gens])
 
 
-def _rng_state(states: Tuple[Tuple[torch.Generator, torch.Tensor], ...]) -> Tuple[Tuple[torch.Generator, torch.Tensor], ...]:
+def _rng_state(states: _RngStates) -> _RngStates:
     """The current states of the generators in ``states``."""
     return tuple([(g, g.get_state()) for g, _ in states])
 

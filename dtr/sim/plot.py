@@ -22,7 +22,8 @@ from dtr.errors import DtrError
 from dtr.heuristics import COST_MODES, Heuristic, get_heuristic
 
 __all__ = ["check_figure_path", "plot_overhead", "plot_accesses", "plot_ablation", "ablation_heuristics",
-           "plot_chain_scaling", "plot_memory_traces", "last_ok_ratio", "shaded_shares", "HEURISTIC_COLORS", "HEURISTIC_MARKERS"]
+           "plot_chain_scaling", "plot_memory_traces", "last_ok_ratio", "shaded_shares", "HEURISTIC_COLORS",
+           "HEURISTIC_MARKERS"]
 
 FORMATS = ("png", "svg")
 
@@ -209,7 +210,7 @@ def plot_overhead(rows, path, *, title: Optional[str] = None, ncols: int = 3) ->
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
     plt, groups, order, fig, axes = _log_panels(rows, path, ncols)
-    for ax, (log, lrows) in zip(axes, groups.items()):
+    for ax, lrows in zip(axes, groups.values()):
         r0 = lrows[0]
         const, op = shaded_shares(lrows)
         ax.axvspan(0, const, color="black", alpha=0.75, lw=0, zorder=0)
@@ -261,7 +262,7 @@ def plot_accesses(rows, path, *, title: Optional[str] = None, ncols: int = 3) ->
     """
     from matplotlib.lines import Line2D
     plt, groups, order, fig, axes = _log_panels(rows, path, ncols)
-    for ax, (log, lrows) in zip(axes, groups.items()):
+    for ax, lrows in zip(axes, groups.values()):
         for h in order:
             hrows = [r for r in lrows if r.heuristic == h]
             if hrows:
@@ -322,11 +323,11 @@ def plot_ablation(rows, path, *, base: str = "dtr", title: Optional[str] = None)
     groups = _by_log(rows)
     fig, axes = plt.subplots(len(groups), len(COST_MODES), figsize=(4.2 * len(COST_MODES), 3.3 * len(groups)),
                              squeeze=False)
-    for i, (log, lrows) in enumerate(groups.items()):
+    for i, lrows in enumerate(groups.values()):
         limit = lrows[0].thrash_limit
         for j, cost in enumerate(COST_MODES):
             ax = axes[i][j]
-            for (size, stale), (label, color, ls) in _ABLATION_STYLE.items():
+            for (size, stale), (_, color, ls) in _ABLATION_STYLE.items():
                 hrows = [r for r in lrows if spec[r.heuristic].cost == cost
                          and spec[r.heuristic].use_size == size and spec[r.heuristic].use_staleness == stale]
                 if hrows:

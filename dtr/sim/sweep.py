@@ -201,7 +201,8 @@ def _run_task(task: _Task, cache: Optional[Dict[str, "Log"]] = None) -> SweepRow
     return SweepRow(**d)
 
 
-def sweep(logs: Iterable[PathLike], heuristics: Union[str, Sequence[HeuristicSpec]], ratios: Union[str, Iterable[float]],
+def sweep(logs: Iterable[PathLike], heuristics: Union[str, Sequence[HeuristicSpec]],
+          ratios: Union[str, Iterable[float]],
           *, thrash_limit: float = 3.0, jobs: Optional[int] = None, out: Optional[PathLike] = None,
           progress: Optional[ProgressFn] = None) -> List[SweepRow]:
     """Replay every log under every heuristic at every budget ratio.

@@ -11,7 +11,7 @@ Importing this package imports torch.
 """
 from __future__ import annotations
 
-from dtr.zoo.registry import BatchFn, LossFn, ZooModel, get_model, model_names, register_model
 from dtr.zoo import hf, sequence, vision  # noqa: F401  (registers the models)
+from dtr.zoo.registry import BatchFn, LossFn, ZooModel, get_model, model_names, register_model
 
 __all__ = ["ZooModel", "BatchFn", "LossFn", "register_model", "get_model", "model_names"]

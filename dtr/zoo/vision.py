@@ -12,7 +12,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dtr.zoo.registry import ZooModel, param_count as _params, register_model, seeded as _seeded
+from dtr.zoo.registry import ZooModel, register_model
+from dtr.zoo.registry import param_count as _params
+from dtr.zoo.registry import seeded as _seeded
 
 __all__ = ["ResNet", "BasicBlock", "DenseNetBC", "UNet", "resnet32", "densenet_bc", "unet",
            "image_batch", "classification_loss"]
@@ -229,7 +231,8 @@ def densenet_bc(depth: int = 100, growth: int = 12, image_size: int = 32, num_cl
 
 def _double_conv(c_in: int, c_out: int) -> nn.Sequential:
     return nn.Sequential(nn.Conv2d(c_in, c_out, 3, padding=1, bias=False), nn.BatchNorm2d(c_out), nn.ReLU(inplace=True),
-                         nn.Conv2d(c_out, c_out, 3, padding=1, bias=False), nn.BatchNorm2d(c_out), nn.ReLU(inplace=True))
+                         nn.Conv2d(c_out, c_out, 3, padding=1, bias=False), nn.BatchNorm2d(c_out),
+                         nn.ReLU(inplace=True))
 
 
 class UNet(nn.Module):

@@ -139,14 +139,14 @@ def build_ilp(pg: PlanGraph, budget: int) -> IlpModel:
     hi: List[float] = []
     row = 0
 
-    def add(entries, l, h):
+    def add(entries, low, high):
         nonlocal row
         for col, v in entries:
             rows.append(row)
             cols.append(col)
             vals.append(v)
-        lo.append(l)
-        hi.append(h)
+        lo.append(low)
+        hi.append(high)
         row += 1
 
     inf = np.inf
@@ -328,6 +328,7 @@ def plan_checkmate(pg: PlanGraph, budget: int, options: PlanOptions) -> PlanResu
         HiGHS's lower bound), or ``infeasible``.
     """
     import time
+
     import numpy as np
     from scipy.optimize import Bounds, LinearConstraint, milp
     from scipy.sparse import csr_matrix, vstack
@@ -439,6 +440,7 @@ def plan_checkmate_lp(pg: PlanGraph, budget: int, options: PlanOptions) -> PlanR
         ran out of time.
     """
     import time
+
     from scipy.optimize import linprog
     t_start = time.perf_counter()
     if pg.pinned_bytes > budget:
