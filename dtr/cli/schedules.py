@@ -92,7 +92,9 @@ def compare_command(args: argparse.Namespace) -> int:
     if args.budgets:
         budgets = [budget_from_ratio(peak0, r) for r in budget_range(args.budgets)]
     else:
-        budgets = [resolve_budget(args.budget, peak0)]
+        one = resolve_budget(args.budget, peak0)
+        assert one is not None  # (argparse requires --budget or --budgets)
+        budgets = [one]
     rows = compare(log, budgets, names, heuristics=heur, thrash_limit=args.thrash_limit, baseline_peak=peak0,
                    options=PlanOptions(time_limit=args.time_limit, seed=args.seed))
     if args.plot:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 import random
 from dataclasses import dataclass
-from typing import List, Optional, Tuple
+from typing import Any, List, Optional, Tuple
 
 from dtr.sim.graph import PlanGraph
 from dtr.sim.planners import PlanOptions, PlanResult, register_planner
@@ -81,16 +81,20 @@ __all__ = ["plan_checkmate", "plan_checkmate_lp", "build_ilp", "IlpModel"]
 
 @dataclass
 class IlpModel:
-    """The assembled ILP (scipy.optimize inputs) and its variable layout."""
+    """The assembled ILP (scipy.optimize inputs) and its variable layout.
+
+    The arrays are numpy arrays and ``A`` a scipy sparse matrix (scipy has no
+    type information, and numpy is imported lazily: typed ``Any``).
+    """
 
     n: int
-    c: "object"
-    A: "object"
-    lo: "object"
-    hi: "object"
-    lb: "object"
-    ub: "object"
-    integrality: "object"
+    c: Any
+    A: Any
+    lo: Any
+    hi: Any
+    lb: Any
+    ub: Any
+    integrality: Any
     num_r: int
     num_s: int
 
@@ -171,9 +175,9 @@ def build_ilp(pg: PlanGraph, budget: int) -> IlpModel:
         for k in range(1, t + 1):
             ent = [(U(t, k), 1.0), (U(t, k - 1), -1.0), (R(t, k), -m[k])]
             for i in set(pg.deps[k - 1]) | {k - 1}:
-                f = free_idx.get((t, i, k - 1))
-                if f is not None:
-                    ent.append((f, m[i]))
+                fi = free_idx.get((t, i, k - 1))
+                if fi is not None:
+                    ent.append((fi, m[i]))
             add(ent, 0.0, 0.0)
     lb = np.zeros(nv)
     ub = np.ones(nv)

@@ -134,7 +134,7 @@ def rotor_chain(a: List[int], g: List[int], f: List[float], b: List[float], m_av
     if not math.isfinite(total):
         return inf, None
     seq: List[Tuple[str, int]] = []
-    stack = [(0, n, M)]
+    stack: List[tuple] = [(0, n, M)]  # (s, t, m): solve P(s, t, m); ("F", j): run F_j
     while stack:
         item = stack.pop()
         if item[0] == "F":
