@@ -26,6 +26,13 @@
 //    collected or banished storage, or on a pinned one, where it is defined or
 //    unreferenced and read by no op that is not collected (see Note
 //    [Collection and compaction]).
+//
+// The implementation, one file per subsystem: core_graph.cpp (building the
+// graph, costs, references and locks), core_materialize.cpp (require, pin,
+// protect, recomputation), core_evict.cpp (the pool, choosing a victim, the
+// bound tree, eviction and banishing), core_eqclass.cpp (evicted
+// neighbourhoods: union-find components and e*), core_compact.cpp (collect,
+// compact) and core_check.cpp (check); core_internal.h has their shared helpers.
 #pragma once
 
 #include <cstdint>
@@ -54,8 +61,8 @@ struct Config {
   int sample = 0;               // >0: score only this many random pool members per eviction
   bool free_dead_constants = false;  // free a constant when its last reference dies (after protect())
   double remat_limit = std::numeric_limits<double>::infinity();  // stop once remat compute passes it
-  bool keep_needed = false;     // see Note [Freeing what an evicted tensor needs] in core.cpp
-  bool eqclass_split = false;   // eqclass: exact components (see Note [Splitting eqclass components] in core.cpp)
+  bool keep_needed = false;     // see Note [Freeing what an evicted tensor needs] in core_graph.cpp
+  bool eqclass_split = false;   // eqclass: exact components (see Note [Splitting eqclass components] in core_eqclass.cpp)
   bool inplace_handover = false;  // a recomputed in-place write takes its old version's bytes (Note [Handing bytes over on recomputation])
   bool deep_first = false;      // recompute the evicted inputs that need recursion first (Note [Deepest input first])
 };
@@ -142,11 +149,11 @@ class Core {
   // op times later, e.g. from CUDA events): its cost, its storages' costs, the
   // eqclass component of an evicted one and the e* caches follow, and
   // base_compute is corrected; the clock is not rewritten (see Note [Changing
-  // an op's cost] in core.cpp).
+  // an op's cost] in core_graph.cpp).
   void set_cost(int op, double cost);
   // Before a constant is overwritten in place: every live storage whose
   // recomputation would read its old value is brought back and pinned, with
-  // its referenced tensors defined (see Note [Protecting a constant] in core.cpp).
+  // its referenced tensors defined (see Note [Protecting a constant] in core_materialize.cpp).
   void protect(int storage);
   // The storages protect(storage) would pin or complete now: referenced,
   // not constants all of whose tensors are defined, and computed from
@@ -352,7 +359,7 @@ class Core {
   void free_if_unneeded(int s);
   void touch_parents(int op);
   bool needs_recursion(int t) const;
-  void lock_inputs(int op);  // see Note [Ops without outputs] in core.cpp
+  void lock_inputs(int op);  // see Note [Ops without outputs] in core_graph.cpp
   void drop_outputs(int op);  // an op that will not run: its outputs lose their references, unborn ones are banished
   void count_uf_nbrs(int sid, int delta);
   void uf_leave(int sid);

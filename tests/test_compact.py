@@ -1,6 +1,6 @@
 """Graph collection and compaction of the core (Core.collect, Core.compact).
 
-See Note [Collection and compaction] in csrc/core.cpp. The seeded random test
+See Note [Collection and compaction] in csrc/core_compact.cpp. The seeded random test
 drives two cores in lockstep through the same operations: one only collects,
 the other also compacts (renumbering every id); both must take the same
 decisions, and both pass check() after every step.
