@@ -334,7 +334,10 @@ class Core {
 
   int new_op(const std::vector<int>& inputs, const std::vector<int64_t>& sizes, const std::vector<int>& alias_of,
              double cost);
+  struct Frame;                 // one level of materialize()'s explicit stack
   void materialize(int t, bool remat, bool stop_before_root = false);
+  void push_frame(std::vector<Frame>& stack, int t, bool remat);
+  void abandon_frames(const std::vector<Frame>& stack);  // materialize() failed: give back what they took
   void finish(int op_id, bool remat);
   int64_t mark_handover(int op_id);
   void compute(int t, bool remat);
@@ -343,6 +346,11 @@ class Core {
   void evict(int s, bool by_heuristic);
   void banish(int s);
   void drop_garbage(int s, std::vector<int>* leaving = nullptr);
+  std::vector<char> find_needed();  // collect(): per storage, whether it may be needed again
+  void find_kept(std::vector<char>& keep_ops, std::vector<char>& keep_storages) const;  // compact()'s kept set
+  Remap number_kept(const std::vector<char>& keep_ops, const std::vector<char>& keep_storages) const;
+  void renumber_ops_and_tensors(const Remap& r);
+  void renumber_storages(const Remap& r);  // and rebuild the union-find
   int uf_root(int n) const;     // uf_find without path compression or counting
   void check_alive_input(int t, const char* what) const;
   void try_banish(int s);
@@ -363,6 +371,9 @@ class Core {
   void drop_outputs(int op);  // an op that will not run: its outputs lose their references, unborn ones are banished
   void count_uf_nbrs(int sid, int delta);
   void uf_leave(int sid);
+  struct UFSplit;               // uf_leave()'s lockstep searches
+  UFSplit uf_split_search(const std::vector<int>& seeds, uint64_t base);
+  void uf_split_off(UFSplit& split, int root, double cost);
   void uf_leave_all(const std::vector<int>& sids);
   void uf_rebuild(const std::vector<int>& seeds);
   double change_cost(int op_id, double cost, bool in_progress);
@@ -372,6 +383,7 @@ class Core {
   void note_cost(double cost, size_t storages);
   bool bounds_exact() const;
   void bt_sync();               // turn the tree on or off to match bounds_exact() and the config
+  void bt_clear();              // drop the tree (off until the next bt_sync())
   void bt_rebuild();
   double bt_key(int s);         // a lower bound of c(S)/m(S) from S and its neighbours alone
   void bt_note(int s, double c);  // eqclass: S's c(S) is `c` now (rounded-down potential for its leaf)
@@ -383,6 +395,14 @@ class Core {
   void bt_touch(int s);         // refresh S's leaf before the next choice
   void bt_touch_nbrs(int s);    // ... and those of its neighbours
   void bt_flush();
+  // check()'s groups of checks, in the order it runs them.
+  void check_tensor_ids() const;
+  std::vector<char> check_op_ids() const;  // returns which tensors an op that is not collected reads
+  void check_collected_ops(const std::vector<char>& read_live) const;
+  void check_storage_ids() const;
+  void check_storages() const;
+  void check_components() const;
+  void check_bound_tree() const;
 };
 
 }  // namespace dtr

@@ -59,6 +59,43 @@ namespace dtr {
 // within a constant factor of what is live, at amortized O(1) per op.
 
 std::pair<std::vector<int>, std::vector<int>> Core::collect() {
+  const std::vector<char> needed = find_needed();
+  std::pair<std::vector<int>, std::vector<int>> out;
+  std::vector<int> leaving;  // evicted storages leaving their components (split all at once)
+  for (size_t s = 0; s < storages_.size(); ++s) {
+    const Storage& st = storages_[s];
+    if (st.collected || needed[s]) continue;
+    if (st.pinned) {
+      // A dropped constant of no bytes stays pinned while anything may need it
+      // (see release()); once nothing can, it is garbage like any other.
+      if (st.size != 0 || st.refs > 0 || st.locks != 1) continue;
+      storages_[s].pinned = false;
+      storages_[s].locks = 0;
+    }
+    drop_garbage(int(s), cfg_.eqclass_split ? &leaving : nullptr);
+    out.second.push_back(int(s));
+  }
+  uf_leave_all(leaving);
+  for (size_t o = 0; o < ops_.size(); ++o) {
+    Op& op = ops_[o];
+    if (op.collected) continue;
+    bool keep = false;
+    for (int t : op.outputs) {
+      const Tensor& x = tensors_[t];
+      const Storage& s = storages_[x.storage];
+      // (A banished output is never kept: an op runs again only for the others.)
+      keep = keep || (needed[x.storage] && !s.banished && !(s.pinned && x.defined));
+    }
+    if (keep) continue;
+    op.collected = true;
+    out.first.push_back(int(o));
+  }
+  return out;
+}
+
+// Per storage: needed (see the Note), by a walk from the referenced and
+// locked storages through the dependencies of those that may be recomputed.
+std::vector<char> Core::find_needed() {
   const uint64_t mark = ++stamp_;
   // A pinned storage is never recomputed, but an undefined view on it (its
   // storage came back through another op) still is, by rerunning its op. A
@@ -89,40 +126,10 @@ std::pair<std::vector<int>, std::vector<int>> Core::collect() {
       if (may_recompute(ds)) stack.push_back(d);
     }
   }
-  // Freeing garbage may walk the graph (dirty_frontier), which reuses the stamps.
-  std::vector<char> marked(storages_.size());
-  for (size_t s = 0; s < storages_.size(); ++s) marked[s] = storages_[s].mark == mark;
-  std::pair<std::vector<int>, std::vector<int>> out;
-  std::vector<int> leaving;  // evicted storages leaving their components (split all at once)
-  for (size_t s = 0; s < storages_.size(); ++s) {
-    const Storage& st = storages_[s];
-    if (st.collected || marked[s]) continue;
-    if (st.pinned) {
-      // A dropped constant of no bytes stays pinned while anything may need it
-      // (see release()); once nothing can, it is garbage like any other.
-      if (st.size != 0 || st.refs > 0 || st.locks != 1) continue;
-      storages_[s].pinned = false;
-      storages_[s].locks = 0;
-    }
-    drop_garbage(int(s), cfg_.eqclass_split ? &leaving : nullptr);
-    out.second.push_back(int(s));
-  }
-  uf_leave_all(leaving);
-  for (size_t o = 0; o < ops_.size(); ++o) {
-    Op& op = ops_[o];
-    if (op.collected) continue;
-    bool needed = false;
-    for (int t : op.outputs) {
-      const Tensor& x = tensors_[t];
-      const Storage& s = storages_[x.storage];
-      // (A banished output is never kept: an op runs again only for the others.)
-      needed = needed || (marked[x.storage] && !s.banished && !(s.pinned && x.defined));
-    }
-    if (needed) continue;
-    op.collected = true;
-    out.first.push_back(int(o));
-  }
-  return out;
+  // (A copy of the stamps: freeing garbage may walk the graph (dirty_frontier), which reuses them.)
+  std::vector<char> needed(storages_.size());
+  for (size_t s = 0; s < storages_.size(); ++s) needed[s] = storages_[s].mark == mark;
+  return needed;
 }
 
 void Core::drop_garbage(int sid, std::vector<int>* leaving) {
@@ -147,16 +154,30 @@ void Core::drop_garbage(int sid, std::vector<int>* leaving) {
   if (was_resident && on_evict) on_evict(sid, false);
 }
 
-int Core::uf_root(int n) const {
-  while (uf_[n].parent != n) n = uf_[n].parent;
-  return n;
+Core::Remap Core::compact() {
+  std::vector<char> keep_o, keep_s;
+  find_kept(keep_o, keep_s);
+  Remap r = number_kept(keep_o, keep_s);
+  renumber_ops_and_tensors(r);
+  renumber_storages(r);
+  for (int& s : pool_) s = r.storages[s];
+  if (bt_on_) bt_clear();  // ids changed: the next choice builds the tree again
+  num_collected_ = 0;
+  for (Storage& st : storages_) {
+    num_collected_ += st.collected;
+    st.uf_nbrs = 0;
+    for (int d : st.deps) st.uf_nbrs += storages_[d].uf >= 0;
+    for (int d : st.dependents) st.uf_nbrs += storages_[d].uf >= 0;
+  }
+  return r;
 }
 
-Core::Remap Core::compact() {
-  const int nops = int(ops_.size()), nts = int(tensors_.size()), nss = int(storages_.size());
-  // The kept set: what is not collected, closed over "a kept storage keeps
-  // the ops with an output on it" and "a kept op keeps its outputs' storages".
-  std::vector<char> keep_o(nops, 0), keep_s(nss, 0);
+// The kept set: what is not collected, closed over "a kept storage keeps
+// the ops with an output on it" and "a kept op keeps its outputs' storages".
+void Core::find_kept(std::vector<char>& keep_o, std::vector<char>& keep_s) const {
+  const int nops = int(ops_.size()), nss = int(storages_.size());
+  keep_o.assign(nops, 0);
+  keep_s.assign(nss, 0);
   std::vector<int> work;
   auto keep_storage = [&](int s) {
     if (keep_s[s]) return;
@@ -177,7 +198,11 @@ Core::Remap Core::compact() {
     work.pop_back();
     for (int o : storages_[s].ops) keep_op(o);
   }
+}
 
+// The old -> new id maps: kept ops and storages, and the tensors of kept storages, in order.
+Core::Remap Core::number_kept(const std::vector<char>& keep_o, const std::vector<char>& keep_s) const {
+  const int nops = int(ops_.size()), nts = int(tensors_.size()), nss = int(storages_.size());
   Remap r;
   r.ops.assign(nops, -1);
   r.tensors.assign(nts, -1);
@@ -185,47 +210,51 @@ Core::Remap Core::compact() {
   int n = 0;
   for (int o = 0; o < nops; ++o)
     if (keep_o[o]) r.ops[o] = n++;
-  const int new_ops = n;
   n = 0;
   for (int s = 0; s < nss; ++s)
     if (keep_s[s]) r.storages[s] = n++;
-  const int new_storages = n;
   n = 0;
   for (int t = 0; t < nts; ++t)
     if (keep_s[tensors_[t].storage]) r.tensors[t] = n++;
-  const int new_tensors = n;
+  return r;
+}
 
+// The kept ops and tensors, renumbered (a kept op's dropped input reads -1).
+void Core::renumber_ops_and_tensors(const Remap& r) {
   std::vector<Op> ops;
-  ops.reserve(new_ops);
-  for (int o = 0; o < nops; ++o) {
-    if (!keep_o[o]) continue;
+  for (int o = 0; o < int(ops_.size()); ++o) {
+    if (r.ops[o] < 0) continue;
     Op op = std::move(ops_[o]);
     for (int& u : op.inputs) u = u >= 0 ? r.tensors[u] : -1;
     for (int& t : op.outputs) t = r.tensors[t];
     ops.push_back(std::move(op));
   }
   std::vector<Tensor> tensors;
-  tensors.reserve(new_tensors);
-  for (int t = 0; t < nts; ++t) {
+  for (int t = 0; t < int(tensors_.size()); ++t) {
     if (r.tensors[t] < 0) continue;
     Tensor x = tensors_[t];
     x.storage = r.storages[x.storage];
     x.op = r.ops[x.op];
     tensors.push_back(x);
   }
-  // The union-find: one node per kept evicted storage (see the Note).
+  ops_ = std::move(ops);
+  tensors_ = std::move(tensors);
+}
+
+// The kept storages, renumbered, without their edges to dropped ones; and the
+// union-find rebuilt with one node per kept evicted storage (see the Note).
+void Core::renumber_storages(const Remap& r) {
   std::vector<UFNode> uf;
   std::vector<int> new_root(uf_.size(), -1);
   std::vector<Storage> storages;
-  storages.reserve(new_storages);
   auto remap_ids = [](std::vector<int>& ids, const std::vector<int>& m) {
     size_t k = 0;
     for (int id : ids)
       if (m[id] >= 0) ids[k++] = m[id];
     ids.resize(k);
   };
-  for (int s = 0; s < nss; ++s) {
-    if (!keep_s[s]) continue;
+  for (int s = 0; s < int(storages_.size()); ++s) {
+    if (r.storages[s] < 0) continue;
     Storage st = std::move(storages_[s]);
     st.root = r.tensors[st.root];
     remap_ids(st.tensors, r.tensors);
@@ -245,27 +274,8 @@ Core::Remap Core::compact() {
     }
     storages.push_back(std::move(st));
   }
-  ops_ = std::move(ops);
-  tensors_ = std::move(tensors);
   storages_ = std::move(storages);
   uf_ = std::move(uf);
-  for (int& s : pool_) s = r.storages[s];
-  if (bt_on_) {  // ids changed: the next choice builds the tree again
-    bt_on_ = false;
-    for (Storage& st : storages_) st.bt_slot = -1, st.bt_dirty = false;
-    bt_dirty_.clear();
-    bt_sid_.clear(), bt_k_.clear(), bt_p_.clear(), bt_m_.clear(), bt_a_.clear();
-    uf_front_.clear();
-    bt_cap_ = bt_used_ = 0;
-  }
-  num_collected_ = 0;
-  for (Storage& st : storages_) {
-    num_collected_ += st.collected;
-    st.uf_nbrs = 0;
-    for (int d : st.deps) st.uf_nbrs += storages_[d].uf >= 0;
-    for (int d : st.dependents) st.uf_nbrs += storages_[d].uf >= 0;
-  }
-  return r;
 }
 
 }  // namespace dtr

@@ -21,6 +21,12 @@ int Core::uf_find(int n) {
   return r;
 }
 
+// uf_find without path compression or counting (check(), compact()).
+int Core::uf_root(int n) const {
+  while (uf_[n].parent != n) n = uf_[n].parent;
+  return n;
+}
+
 void Core::uf_merge(int a, int b) {
   int ra = uf_find(a), rb = uf_find(b);
   if (ra == rb) return;
@@ -85,6 +91,18 @@ void Core::count_uf_nbrs(int sid, int delta) {
 // evicted paths (dtr's `full` follows directed ones). Without the flag the
 // core keeps simrd's behaviour, which the published experiments use.
 
+// The state of uf_leave()'s searches, one per seed.
+struct Core::UFSplit {
+  std::vector<std::vector<int>> stack, members;  // per search: storages to scan, storages found
+  std::vector<int> group;        // union-find over the searches: those that met
+  std::vector<int64_t> pending;  // per group (at its root): storages found, not yet scanned
+  std::vector<double> sum;       // per group: the costs of the storages found
+  int find(int i) {
+    while (group[i] != i) i = group[i] = group[group[i]];
+    return i;
+  }
+};
+
 void Core::uf_leave(int sid) {
   Storage& s = storages_[sid];
   if (s.uf < 0) return;
@@ -111,84 +129,94 @@ void Core::uf_leave(int sid) {
       ns.mark = base + seeds.size();
       seeds.push_back(n);
     }
-  const int k = int(seeds.size());
-  if (k <= 1) {
+  if (seeds.size() <= 1) {
     uf_[root].value -= cost;
     bt_walk(root);
     return;
   }
-  std::vector<std::vector<int>> stack(k), members(k);
-  std::vector<int> group(k);        // union-find over the searches: those that met
-  std::vector<int64_t> pending(k);  // per group (at its root): storages found, not yet scanned
-  std::vector<double> sum(k);       // per group: the costs of the storages found
+  UFSplit split = uf_split_search(seeds, base);
+  uf_split_off(split, root, cost);
+  bt_walk(root);  // the pieces split off have fresh roots: their neighbours register there again
+}
+
+// Runs the searches from `seeds` (labelled base + i) in lockstep until at most
+// one group of them has storages left to scan.
+Core::UFSplit Core::uf_split_search(const std::vector<int>& seeds, uint64_t base) {
+  const int k = int(seeds.size());
+  UFSplit sp;
+  sp.stack.resize(k);
+  sp.members.resize(k);
+  sp.group.resize(k);
+  sp.pending.resize(k);
+  sp.sum.resize(k);
   for (int i = 0; i < k; ++i) {
-    stack[i].assign(1, seeds[i]);
-    members[i].assign(1, seeds[i]);
-    group[i] = i;
-    pending[i] = 1;
-    sum[i] = storages_[seeds[i]].cost;
+    sp.stack[i].assign(1, seeds[i]);
+    sp.members[i].assign(1, seeds[i]);
+    sp.group[i] = i;
+    sp.pending[i] = 1;
+    sp.sum[i] = storages_[seeds[i]].cost;
   }
-  auto gfind = [&](int i) {
-    while (group[i] != i) i = group[i] = group[group[i]];
-    return i;
-  };
   int alive = k;  // groups with storages left to scan
   while (alive > 1) {
     for (int i = 0; i < k && alive > 1; ++i) {
-      if (stack[i].empty()) continue;
-      const int x = stack[i].back();
-      stack[i].pop_back();
-      int g = gfind(i);
-      pending[g] -= 1;
+      if (sp.stack[i].empty()) continue;
+      const int x = sp.stack[i].back();
+      sp.stack[i].pop_back();
+      int g = sp.find(i);
+      sp.pending[g] -= 1;
       for (int dir = 0; dir < 2; ++dir)
         for (int n : dir == 0 ? storages_[x].deps : storages_[x].dependents) {
           Storage& ns = storages_[n];
           c_.storage_accesses += 1;
           if (ns.uf < 0) continue;
           if (ns.mark >= base && ns.mark < base + uint64_t(k)) {
-            const int h = gfind(int(ns.mark - base));
+            const int h = sp.find(int(ns.mark - base));
             if (h == g) continue;
-            if (pending[h] > 0) alive -= 1;  // two searches met: one group
-            group[h] = g;
-            pending[g] += pending[h];
-            sum[g] += sum[h];
+            if (sp.pending[h] > 0) alive -= 1;  // two searches met: one group
+            sp.group[h] = g;
+            sp.pending[g] += sp.pending[h];
+            sp.sum[g] += sp.sum[h];
             continue;
           }
           ns.mark = base + uint64_t(i);
-          stack[i].push_back(n);
-          members[i].push_back(n);
-          pending[g] += 1;
-          sum[g] += ns.cost;
+          sp.stack[i].push_back(n);
+          sp.members[i].push_back(n);
+          sp.pending[g] += 1;
+          sp.sum[g] += ns.cost;
         }
-      if (pending[g] == 0) alive -= 1;  // a whole piece: nothing more joins it
+      if (sp.pending[g] == 0) alive -= 1;  // a whole piece: nothing more joins it
     }
   }
-  // The one group still searching (or, if none is, the last piece) keeps the
-  // old root, whose value loses the leaver and the pieces split off; every
-  // other group is a finished piece and gets fresh nodes (the old nodes of its
-  // members may still be on the paths of the storages that keep the root).
+  return sp;
+}
+
+// The one group still searching (or, if none is, the last piece) keeps the
+// old root, whose value loses the leaver's `cost` and the pieces split off;
+// every other group is a finished piece and gets fresh nodes (the old nodes of
+// its members may still be on the paths of the storages that keep the root).
+void Core::uf_split_off(UFSplit& sp, int root, double cost) {
+  const int k = int(sp.group.size());
   int keep = -1;
   for (int i = 0; i < k; ++i)
-    if (gfind(i) == i && (keep < 0 || pending[i] > 0)) keep = i;
+    if (sp.find(i) == i && (keep < 0 || sp.pending[i] > 0)) keep = i;
   double split_off = 0;
   std::vector<int> fresh_root(k, -1);
   for (int i = 0; i < k; ++i) {
-    const int g = gfind(i);
+    const int g = sp.find(i);
     if (g == keep) continue;
     if (fresh_root[g] < 0) {
       fresh_root[g] = int(uf_.size());
-      uf_.push_back(UFNode{fresh_root[g], sum[g]});
-      split_off += sum[g];
+      uf_.push_back(UFNode{fresh_root[g], sp.sum[g]});
+      split_off += sp.sum[g];
     }
-    for (int m : members[i]) {
+    for (int m : sp.members[i]) {
       const int node = int(uf_.size());
       uf_.push_back(UFNode{fresh_root[g], 0.0});
       storages_[m].uf = node;
     }
   }
-  if (keep >= 0 && pending[keep] == 0) uf_[root].value = sum[keep];  // all pieces finished: exact sum
+  if (keep >= 0 && sp.pending[keep] == 0) uf_[root].value = sp.sum[keep];  // all pieces finished: exact sum
   else uf_[root].value -= cost + split_off;
-  bt_walk(root);  // the pieces split off have fresh roots: their neighbours register there again
 }
 
 void Core::uf_leave_all(const std::vector<int>& sids) {

@@ -329,9 +329,7 @@ void Core::bt_flush() {
   bt_dirty_.clear();
 }
 
-void Core::bt_sync() {
-  const bool want = bounds_exact();
-  if (want == bt_on_) return;
+void Core::bt_clear() {
   for (Storage& s : storages_) {
     s.bt_slot = -1;
     s.bt_dirty = false;
@@ -344,6 +342,13 @@ void Core::bt_sync() {
   bt_a_.clear();
   bt_cap_ = bt_used_ = 0;
   uf_front_.clear();
+  bt_on_ = false;
+}
+
+void Core::bt_sync() {
+  const bool want = bounds_exact();
+  if (want == bt_on_) return;
+  bt_clear();
   bt_on_ = want;
   if (!want) return;
   std::vector<int> order(pool_);

@@ -112,31 +112,37 @@ bool Core::needs_recursion(int t) const {
   return false;
 }
 
+// One level of materialize()'s explicit stack: tensor t is being (re)computed
+// once its pending inputs are back.
+struct Core::Frame {
+  int t;
+  bool remat;
+  std::vector<int> pending;  // inputs that were undefined when the frame began
+  size_t i;                  // pending[0, i) are back and locked
+  bool waiting;              // the child for pending[i] is on the stack
+  bool released = false;     // finish() gave its locks back
+};
+
+// A frame for tensor t: its inputs' storages are touched, the defined ones
+// locked, and the undefined ones are pending (Note [Deepest input first]).
+void Core::push_frame(std::vector<Frame>& stack, int t, bool remat) {
+  const Op& op = ops_[tensors_[t].op];
+  if (op.collected) throw std::logic_error("recomputing collected op " + std::to_string(tensors_[t].op));
+  touch_parents(tensors_[t].op);
+  storages_[tensors_[t].storage].wanted += 1;
+  Frame f{t, remat, {}, 0, false};
+  for (int p : op.inputs)
+    if (tensors_[p].defined) lock(tensors_[p].storage);
+  for (int p : op.inputs)
+    if (!tensors_[p].defined) f.pending.push_back(p);
+  if (cfg_.deep_first && f.pending.size() > 1)
+    std::stable_partition(f.pending.begin(), f.pending.end(), [&](int p) { return needs_recursion(p); });
+  stack.push_back(std::move(f));
+}
+
 void Core::materialize(int t0, bool remat0, bool stop_before_root) {
-  struct Frame {
-    int t;
-    bool remat;
-    std::vector<int> pending;  // inputs that were undefined when the frame began
-    size_t i;
-    bool waiting;              // the child for pending[i] is on the stack
-    bool released = false;     // finish() gave its locks back
-  };
   std::vector<Frame> stack;
-  auto begin = [&](int t, bool remat) {
-    const Op& op = ops_[tensors_[t].op];
-    if (op.collected) throw std::logic_error("recomputing collected op " + std::to_string(tensors_[t].op));
-    touch_parents(tensors_[t].op);
-    storages_[tensors_[t].storage].wanted += 1;
-    Frame f{t, remat, {}, 0, false};
-    for (int p : op.inputs)
-      if (tensors_[p].defined) lock(tensors_[p].storage);
-    for (int p : op.inputs)
-      if (!tensors_[p].defined) f.pending.push_back(p);
-    if (cfg_.deep_first && f.pending.size() > 1)
-      std::stable_partition(f.pending.begin(), f.pending.end(), [&](int p) { return needs_recursion(p); });
-    stack.push_back(std::move(f));
-  };
-  begin(t0, remat0);
+  push_frame(stack, t0, remat0);
   try {
     while (!stack.empty()) {
       Frame& f = stack.back();
@@ -153,7 +159,7 @@ void Core::materialize(int t0, bool remat0, bool stop_before_root) {
           ++f.i;
         } else {
           f.waiting = true;
-          begin(p, true);  // invalidates f
+          push_frame(stack, p, true);  // invalidates f
         }
         continue;
       }
@@ -176,34 +182,39 @@ void Core::materialize(int t0, bool remat0, bool stop_before_root) {
       stack.pop_back();
       storages_[tensors_[t].storage].wanted -= 1;
     }
-  } catch (...) {  // out of memory, thrashing or a failed recomputation: the frames are abandoned
-    // An old version handed over to a recomputation that did not finish lost its bytes (the driver
-    // moved them, and the op may have written them): it is evicted below, to be recomputed if needed.
-    std::vector<int> lost;
-    for (const Frame& f : stack)
-      for (int p : ops_[tensors_[f.t].op].inputs) {
-        Storage& s = storages_[tensors_[p].storage];
-        if (s.handed) lost.push_back(tensors_[p].storage);
-        s.handed = false;  // (before any unlock below can evict it: its bytes count as its own again)
-      }
-    // Each frame gives back the locks it took (finish() gave back its own already): the inputs that
-    // were defined when it began, and the pending ones that came back since.
-    for (auto it = stack.rbegin(); it != stack.rend(); ++it) {
-      const Frame& f = *it;
-      storages_[tensors_[f.t].storage].wanted -= 1;
-      if (f.released) continue;
-      std::vector<int> pend(f.pending);
-      for (int p : ops_[tensors_[f.t].op].inputs) {
-        auto u = std::find(pend.begin(), pend.end(), p);
-        if (u != pend.end()) pend.erase(u); else unlock(tensors_[p].storage);
-      }
-      for (size_t k = 0; k < f.i; ++k) unlock(tensors_[f.pending[k]].storage);
-    }
-    for (int sid : lost) {
-      const Storage& s = storages_[sid];
-      if (s.resident && s.locks == 0 && !s.pinned) evict(sid, /*by_heuristic=*/false);
-    }
+  } catch (...) {  // out of memory, thrashing or a failed recomputation
+    abandon_frames(stack);
     throw;
+  }
+}
+
+// materialize() failed: each frame left on the stack gives back what it took.
+void Core::abandon_frames(const std::vector<Frame>& stack) {
+  // An old version handed over to a recomputation that did not finish lost its bytes (the driver
+  // moved them, and the op may have written them): it is evicted below, to be recomputed if needed.
+  std::vector<int> lost;
+  for (const Frame& f : stack)
+    for (int p : ops_[tensors_[f.t].op].inputs) {
+      Storage& s = storages_[tensors_[p].storage];
+      if (s.handed) lost.push_back(tensors_[p].storage);
+      s.handed = false;  // (before any unlock below can evict it: its bytes count as its own again)
+    }
+  // Each frame gives back the locks it took (finish() gave back its own already): the inputs that
+  // were defined when it began, and the pending ones that came back since.
+  for (auto it = stack.rbegin(); it != stack.rend(); ++it) {
+    const Frame& f = *it;
+    storages_[tensors_[f.t].storage].wanted -= 1;
+    if (f.released) continue;
+    std::vector<int> pend(f.pending);
+    for (int p : ops_[tensors_[f.t].op].inputs) {
+      auto u = std::find(pend.begin(), pend.end(), p);
+      if (u != pend.end()) pend.erase(u); else unlock(tensors_[p].storage);
+    }
+    for (size_t k = 0; k < f.i; ++k) unlock(tensors_[f.pending[k]].storage);
+  }
+  for (int sid : lost) {
+    const Storage& s = storages_[sid];
+    if (s.resident && s.locks == 0 && !s.pinned) evict(sid, /*by_heuristic=*/false);
   }
 }
 
