@@ -56,7 +56,6 @@ struct Config {
   bool use_staleness = true;    // divide by stale(S)
   bool random = false;          // uniform choice over the pool (seeded)
   bool banish = false;          // banish on last release instead of eager eviction
-  bool eager_evict = true;      // evict a storage as soon as its last handle is released
   uint64_t seed = 0;
   int sample = 0;               // >0: score only this many random pool members per eviction
   bool free_dead_constants = false;  // free a constant when its last reference dies (after protect())
@@ -227,8 +226,6 @@ class Core {
   int64_t storage_size(int s) const { return storages_.at(s).size; }
   double storage_cost(int s) const { return storages_.at(s).cost; }
   int pool_size() const { return int(pool_.size()); }
-  // The score the heuristic gives storage `s` now (for tests and tracing).
-  double score(int s);
   // Evicted-neighbourhood cost term of `s` under the configured cost mode.
   double neighbourhood_cost(int s);
 
@@ -338,7 +335,7 @@ class Core {
   void materialize(int t, bool remat, bool stop_before_root = false);
   void push_frame(std::vector<Frame>& stack, int t, bool remat);
   void abandon_frames(const std::vector<Frame>& stack);  // materialize() failed: give back what they took
-  void finish(int op_id, bool remat);
+  void finish(int op_id);      // after an op is computed: unlock its inputs, free what it handed over
   int64_t mark_handover(int op_id);
   void compute(int t, bool remat);
   void make_room(int64_t bytes);

@@ -42,7 +42,6 @@ double Core::raw_score(int sid) {
   return eval_score(sid);
 }
 
-double Core::score(int sid) { return raw_score(sid); }
 
 // Note [Choosing the victim]
 // simrd scans its pool list in insertion order, keeps the last of equal

@@ -222,7 +222,7 @@ void Core::end_call(int op_id, double cost) {
     return;
   }
   compute(op.outputs[0], /*remat=*/false);
-  finish(op_id, /*remat=*/false);
+  finish(op_id);
   for (int t : op.outputs) {
     storages_[tensors_[t].storage].last_access = clock_;
     bt_touch(tensors_[t].storage);
@@ -377,7 +377,7 @@ void Core::release(int t) {
   }
   if (cfg_.banish) {
     try_banish(sid);
-  } else if (cfg_.eager_evict && s.resident && !s.pinned) {
+  } else if (s.resident && !s.pinned) {
     if (s.locks > 0) s.evict_on_unlock = true;  // in use by a (re)computation right now
     else if (cfg_.keep_needed) free_if_unneeded(sid);
     else evict(sid, /*by_heuristic=*/false);
@@ -445,7 +445,7 @@ void Core::unlock(int sid) {
   }
   s.evict_on_unlock = false;
   pool_add(sid);
-  if (cfg_.keep_needed && cfg_.eager_evict && !cfg_.banish) free_if_unneeded(sid);
+  if (cfg_.keep_needed && !cfg_.banish) free_if_unneeded(sid);
 }
 
 }  // namespace dtr

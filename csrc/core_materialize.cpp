@@ -178,7 +178,7 @@ void Core::materialize(int t0, bool remat0, bool stop_before_root) {
       make_room(ops_[op_id].total_size - handed);
       compute(t, remat);
       stack.back().released = true;
-      finish(op_id, remat);  // (still wanted here: its unlocks must not free what it just computed)
+      finish(op_id);  // (still wanted here: its unlocks must not free what it just computed)
       stack.pop_back();
       storages_[tensors_[t].storage].wanted -= 1;
     }
@@ -256,8 +256,7 @@ int64_t Core::mark_handover(int op_id) {
   return bytes;
 }
 
-void Core::finish(int op_id, bool remat) {
-  (void)remat;
+void Core::finish(int op_id) {
   for (int p : ops_[op_id].inputs) unlock(tensors_[p].storage);
   for (int p : ops_[op_id].inputs) {  // see Note [Handing bytes over on recomputation]
     const int sid = tensors_[p].storage;

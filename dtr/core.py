@@ -287,26 +287,18 @@ class Core:
         return attr
 
     def set_hooks(self, on_evict: Optional[Callable[[int], None]] = None,
-                  on_remat: Optional[Callable[[int], None]] = None,
                   on_compute: Optional[Callable[[int, bool], None]] = None,
                   on_pin: Optional[Callable[[int], None]] = None) -> None:
-        """Callbacks for a driver that owns real memory.
+        """Callbacks for a driver that owns real memory (None: no callback).
 
         Args:
             on_evict: ``f(storage)`` after any storage is evicted or freed.
-            on_remat: ``f(op)`` before an op is recomputed.
-            on_compute: ``f(op, remat)`` before any op is computed (first time or
-                again); overrides ``on_remat``.
+            on_compute: ``f(op, remat)`` before any op is computed (first time or again).
             on_pin: ``f(storage)`` when a storage becomes a constant.
         """
         self._core.on_pin = on_pin
         self._core.on_evict = None if on_evict is None else (lambda s, by_heuristic: on_evict(s))
-        if on_compute is not None:
-            self._core.on_compute = on_compute
-        elif on_remat is not None:
-            self._core.on_compute = lambda op, remat: on_remat(op) if remat else None
-        else:
-            self._core.on_compute = None
+        self._core.on_compute = on_compute
 
 
 def parse_program(data: bytes) -> "_C.Program":

@@ -44,9 +44,13 @@ class Pair:
     def __init__(self, heuristic, budget=None, remat_limit=math.inf):
         self.core = Core(heuristic, budget, remat_limit=remat_limit)
         self.ev, self.rm = [], []
-        self.core.set_hooks(on_evict=self.ev.append, on_remat=self.rm.append)
+        self.core.set_hooks(on_evict=self.ev.append, on_compute=self._computed)
         self.ref = RefCore(heuristic, budget, remat_limit=remat_limit)
         self.log = []
+
+    def _computed(self, op, remat):
+        if remat:
+            self.rm.append(op)
 
     def do(self, name, *args):
         """Apply one op to both; returns (kind, value); asserts they agree."""
