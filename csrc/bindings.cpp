@@ -1,9 +1,11 @@
 // bindings.cpp - the pybind11 module dtr._C. Reached only through dtr.core and
 // dtr.sim (the Python facade); see dtr/_C.pyi for the typed surface.
 #include <pybind11/functional.h>
+#include <pybind11/native_enum.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <cctype>
 #include <cstring>
 
 #include "core.h"
@@ -54,6 +56,31 @@ std::string cost_name(CostMode m) {
   return "?";
 }
 
+// dtr._C.ReplayStatus: a str enum (OK = "ok", ...) of the names status_name() gives, so that
+// Python compares the result's status string with it; enum.StrEnum where there is one.
+py::object replay_status_enum(py::module_& m) {
+  py::module_ enum_mod = py::module_::import("enum");
+  py::list members;
+  for (ReplayStatus s : kReplayStatuses) {
+    std::string name = status_name(s);
+    for (char& ch : name) ch = char(std::toupper(static_cast<unsigned char>(ch)));
+    members.append(py::make_tuple(name, status_name(s)));
+  }
+  py::dict kwargs;
+  kwargs["module"] = m.attr("__name__");
+  kwargs["qualname"] = "ReplayStatus";
+  if (py::hasattr(enum_mod, "StrEnum")) return enum_mod.attr("StrEnum")("ReplayStatus", members, **kwargs);
+  kwargs["type"] = py::module_::import("builtins").attr("str");
+  return enum_mod.attr("Enum")("ReplayStatus", members, **kwargs);
+}
+
+py::list trace_list(const std::vector<std::pair<TraceEvent, int>>& trace) {
+  py::list out(trace.size());
+  for (size_t k = 0; k < trace.size(); ++k)
+    out[k] = py::make_tuple(static_cast<int>(trace[k].first), trace[k].second);
+  return out;
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_C, m) {
@@ -81,6 +108,26 @@ PYBIND11_MODULE(_C, m) {
       PyErr_SetObject(g_thrash, py::make_tuple(e.remat_compute, e.limit, e.what()).ptr());
     }
   });
+
+  py::native_enum<InstrKind>(m, "InstrKind", "enum.IntEnum", "An instruction's kind: the int kind of Program.records().")
+      .value("CONSTANT", InstrKind::Constant)
+      .value("CALL", InstrKind::Call)
+      .value("MUTATE", InstrKind::Mutate)
+      .value("COPY", InstrKind::Copy)
+      .value("COPYFROM", InstrKind::CopyFrom)
+      .value("RELEASE", InstrKind::Release)
+      .value("PIN", InstrKind::Pin)
+      .value("PROTECT", InstrKind::Protect)
+      .value("COLLECT", InstrKind::Collect)
+      .finalize();
+  py::native_enum<TraceEvent>(m, "TraceEvent", "enum.IntEnum",
+                              "The kind of a replay's trace entry (kind, id): ids are core ops or storages.")
+      .value("COMPUTED", TraceEvent::Computed, "an op computed for the first time (id: op)")
+      .value("RECOMPUTED", TraceEvent::Recomputed, "an op recomputed (id: op)")
+      .value("EVICTED", TraceEvent::Evicted, "a storage evicted by the heuristic (id: storage)")
+      .value("FREED", TraceEvent::Freed, "a storage freed otherwise: last release, collected, banished (id: storage)")
+      .finalize();
+  m.attr("ReplayStatus") = replay_status_enum(m);
 
   py::class_<Config>(m, "Config")
       .def(py::init<>())
@@ -202,13 +249,13 @@ PYBIND11_MODULE(_C, m) {
           r = replay(prog, cfg, thrash_limit, check, trace);
         }
         py::dict d = counters_dict(r.counters);
-        d["status"] = r.status;
+        d["status"] = status_name(r.status);
         d["base_total"] = r.base_total;
         d["needed_bytes"] = r.needed_bytes;
         d["failed_line"] = r.failed_line;
         d["instructions"] = r.instructions;
         if (trace) {
-          d["trace"] = r.trace;
+          d["trace"] = trace_list(r.trace);
           d["op_instr"] = r.op_instr;
           d["storage_op"] = r.storage_op;
           d["storage_index"] = r.storage_index;

@@ -15,10 +15,19 @@ from dtr import _C
 from dtr.errors import BudgetError, OutOfBudgetError, ThrashingError
 from dtr.heuristics import Heuristic, get_heuristic
 
-__all__ = ["Core", "Program", "make_config", "parse_program", "replay_program", "RawLogError"]
+__all__ = ["Core", "Program", "make_config", "parse_program", "replay_program", "RawLogError",
+           "InstrKind", "TraceEvent", "ReplayStatus"]
 
 Program = _C.Program
 RawLogError = _C.LogError
+
+#: An instruction's kind, the int ``kind`` of ``Program.records()`` (an ``IntEnum``;
+#: a :class:`dtr.sim.logs.Record`'s kind is its name in lower case).
+InstrKind = _C.InstrKind
+#: The kind of an entry ``(kind, id)`` of a replay's trace (an ``IntEnum``).
+TraceEvent = _C.TraceEvent
+#: How a replay ended: a str enum, equal to the ``status`` string of its result.
+ReplayStatus = _C.ReplayStatus
 
 _MAX_INT64 = 2**63 - 1
 _MAX_INT32 = 2**31 - 1
@@ -311,12 +320,13 @@ def replay_program(program: "_C.Program", heuristic: Heuristic | str = "eqclass"
                    **options) -> dict:
     """Replay a parsed program on a fresh core and return its raw result dict.
 
-    With ``trace``, the dict also has ``trace`` (a list of ``(kind, id)``: 0 =
-    core op computed (an op without outputs too, once), 1 = recomputed, 2 =
-    storage evicted by the heuristic, 3 = storage freed otherwise: at its last
-    release, collected, or a banished output of the op just recomputed, freed
-    at once), ``op_instr`` (core op -> instruction
-    index), ``storage_op`` and ``storage_index`` (core storage -> allocating op
-    and output position).
+    ``status`` is a :data:`ReplayStatus` value (a plain string). With ``trace``,
+    the dict also has ``trace`` (a list of ``(kind, id)``, kind an int of
+    :data:`TraceEvent`: ``COMPUTED`` core op computed (an op without outputs
+    too, once), ``RECOMPUTED``, ``EVICTED`` storage evicted by the heuristic,
+    ``FREED`` storage freed otherwise: at its last release, collected, or a
+    banished output of the op just recomputed, freed at once), ``op_instr``
+    (core op -> instruction index), ``storage_op`` and ``storage_index`` (core
+    storage -> allocating op and output position).
     """
     return _C.replay(program, make_config(heuristic, budget, **options), float(thrash_limit), check, trace)

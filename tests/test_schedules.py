@@ -7,6 +7,7 @@ import random
 
 import pytest
 
+from dtr.core import ReplayStatus
 from dtr.sim import parse_text, read_log
 from dtr.sim.chain import chain_log
 from dtr.sim.cli import main
@@ -29,7 +30,7 @@ def _agree(log, fracs=(None, 0.8, 0.5, 0.3), thrash=4.0):
         b = None if frac is None else int(peak * frac)
         for h in HEURISTICS:
             ex = export_schedule(log, h, b, thrash_limit=thrash, graph=g)
-            if ex.status != "ok":
+            if ex.status != ReplayStatus.OK:
                 continue
             ev = evaluate(g, ex.schedule.steps, b)
             assert ev.valid, (log.path, frac, h, ev.error)
@@ -151,7 +152,7 @@ def test_graph_follows_the_core_on_runtime_features(data_dir):
     assert len(g.op_overwrites[mul]) == 1 and g.op_kind[mul] == "mutate"
     # the core numbers everything the same way (export checks operators and storages)
     ex = export_schedule(_rt_log(data_dir), "eqclass", None, graph=g)
-    assert ex.status == "ok" and evaluate(g, ex.schedule.steps).valid
+    assert ex.status == ReplayStatus.OK and evaluate(g, ex.schedule.steps).valid
 
 
 def test_export_agrees_on_runtime_features(data_dir):
