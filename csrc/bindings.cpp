@@ -149,19 +149,20 @@ PYBIND11_MODULE(_C, m) {
       .def_readwrite("remat_limit", &Config::remat_limit);
 
   py::class_<Core>(m, "Core")
-      .def(py::init<const Config&>())
-      .def("constant", &Core::constant)
+      .def(py::init<const Config&>(), py::arg("config"))
+      .def("constant", &Core::constant, py::arg("size"))
       .def("call", &Core::call, py::arg("inputs"), py::arg("sizes"), py::arg("alias_of"), py::arg("cost"))
-      .def("mutate", &Core::mutate)
-      .def("mutate_inplace", &Core::mutate_inplace)
-      .def("call_inplace", &Core::call_inplace)
+      .def("mutate", &Core::mutate, py::arg("inputs"), py::arg("mutated"), py::arg("cost"))
+      .def("mutate_inplace", &Core::mutate_inplace, py::arg("inputs"), py::arg("mutated"), py::arg("cost"))
+      .def("call_inplace", &Core::call_inplace, py::arg("inputs"), py::arg("sizes"), py::arg("alias_of"),
+           py::arg("mutated"), py::arg("cost"))
       .def("begin_call", &Core::begin_call, py::arg("inputs"), py::arg("sizes"), py::arg("alias_of"),
            py::arg("inplace_of"), py::arg("cost"))
-      .def("end_call", &Core::end_call)
-      .def("abort_call", &Core::abort_call)
+      .def("end_call", &Core::end_call, py::arg("op"), py::arg("cost"))
+      .def("abort_call", &Core::abort_call, py::arg("op"))
       .def("set_cost", &Core::set_cost, py::arg("op"), py::arg("cost"))
-      .def("protect", &Core::protect)
-      .def("protect_targets", &Core::protect_targets)
+      .def("protect", &Core::protect, py::arg("storage"))
+      .def("protect_targets", &Core::protect_targets, py::arg("storage"))
       .def("collect", &Core::collect)
       .def("compact",
            [](Core& c) {
@@ -169,15 +170,15 @@ PYBIND11_MODULE(_C, m) {
              return py::make_tuple(std::move(r.ops), std::move(r.tensors), std::move(r.storages));
            })
       .def_property_readonly("num_collected_storages", &Core::num_collected_storages)
-      .def("collected", &Core::collected)
-      .def("op_collected", &Core::op_collected)
-      .def("storage_tensors", &Core::storage_tensors)
-      .def("retain", &Core::retain)
-      .def("release", &Core::release)
-      .def("require", &Core::require)
-      .def("pin", &Core::pin)
-      .def("lock", &Core::lock)
-      .def("unlock", &Core::unlock)
+      .def("collected", &Core::collected, py::arg("s"))
+      .def("op_collected", &Core::op_collected, py::arg("op"))
+      .def("storage_tensors", &Core::storage_tensors, py::arg("s"))
+      .def("retain", &Core::retain, py::arg("t"))
+      .def("release", &Core::release, py::arg("t"))
+      .def("require", &Core::require, py::arg("t"))
+      .def("pin", &Core::pin, py::arg("t"))
+      .def("lock", &Core::lock, py::arg("s"))
+      .def("unlock", &Core::unlock, py::arg("s"))
       .def("counters", [](const Core& c) { return counters_dict(c.counters()); })
       .def_property_readonly("clock", &Core::clock)
       .def_property_readonly("memory", [](const Core& c) { return c.counters().memory; })
@@ -185,37 +186,37 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly("remat_compute", [](const Core& c) { return c.counters().remat_compute; })
       .def_property_readonly("base_compute", [](const Core& c) { return c.counters().base_compute; })
       .def_property("budget", &Core::budget, &Core::set_budget)
-      .def("set_remat_limit", &Core::set_remat_limit)
+      .def("set_remat_limit", &Core::set_remat_limit, py::arg("limit"))
       .def_property_readonly("num_tensors", &Core::num_tensors)
       .def_property_readonly("num_storages", &Core::num_storages)
       .def_property_readonly("num_ops", &Core::num_ops)
       .def_property_readonly("pool_size", &Core::pool_size)
-      .def("storage_of", &Core::storage_of)
-      .def("op_of", &Core::op_of)
-      .def("defined", &Core::defined)
-      .def("resident", &Core::resident)
-      .def("banished", &Core::banished)
-      .def("handed", &Core::handed)
-      .def("pinned", &Core::pinned)
-      .def("locks", &Core::locks)
-      .def("refs", &Core::refs)
-      .def("storage_refs", &Core::storage_refs)
-      .def("storage_deps", &Core::storage_deps)
-      .def("forget", &Core::forget)
-      .def("storage_size", &Core::storage_size)
-      .def("storage_cost", &Core::storage_cost)
-      .def("neighbourhood_cost", &Core::neighbourhood_cost)
+      .def("storage_of", &Core::storage_of, py::arg("t"))
+      .def("op_of", &Core::op_of, py::arg("t"))
+      .def("defined", &Core::defined, py::arg("t"))
+      .def("resident", &Core::resident, py::arg("s"))
+      .def("banished", &Core::banished, py::arg("s"))
+      .def("handed", &Core::handed, py::arg("s"))
+      .def("pinned", &Core::pinned, py::arg("s"))
+      .def("locks", &Core::locks, py::arg("s"))
+      .def("refs", &Core::refs, py::arg("t"))
+      .def("storage_refs", &Core::storage_refs, py::arg("s"))
+      .def("storage_deps", &Core::storage_deps, py::arg("s"))
+      .def("forget", &Core::forget, py::arg("s"))
+      .def("storage_size", &Core::storage_size, py::arg("s"))
+      .def("storage_cost", &Core::storage_cost, py::arg("s"))
+      .def("neighbourhood_cost", &Core::neighbourhood_cost, py::arg("s"))
       .def("check", &Core::check)
       .def_readwrite("on_evict", &Core::on_evict)
       .def_readwrite("on_compute", &Core::on_compute)
       .def_readwrite("on_pin", &Core::on_pin)
-      .def("op_inputs", &Core::op_inputs)
-      .def("op_outputs", &Core::op_outputs)
-      .def("op_sizes", &Core::op_sizes)
-      .def("op_cost", &Core::op_cost)
-      .def("tensor_index", &Core::tensor_index)
-      .def("is_alias", &Core::is_alias)
-      .def("storage_root", &Core::storage_root);
+      .def("op_inputs", &Core::op_inputs, py::arg("op"))
+      .def("op_outputs", &Core::op_outputs, py::arg("op"))
+      .def("op_sizes", &Core::op_sizes, py::arg("op"))
+      .def("op_cost", &Core::op_cost, py::arg("op"))
+      .def("tensor_index", &Core::tensor_index, py::arg("t"))
+      .def("is_alias", &Core::is_alias, py::arg("t"))
+      .def("storage_root", &Core::storage_root, py::arg("s"));
 
   py::class_<Program>(m, "Program")
       .def_readonly("format", &Program::format)
@@ -234,11 +235,14 @@ PYBIND11_MODULE(_C, m) {
         return out;
       });
 
-  m.def("parse_log", [](py::bytes data) {
-    std::string text = data;
-    py::gil_scoped_release nogil;
-    return parse_log(text);
-  });
+  m.def(
+      "parse_log",
+      [](py::bytes data) {
+        std::string text = data;
+        py::gil_scoped_release nogil;
+        return parse_log(text);
+      },
+      py::arg("data"));
 
   m.def(
       "replay",
