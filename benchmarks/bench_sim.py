@@ -132,7 +132,7 @@ def pool_section() -> list:
                 last = w
                 for i in range(n):  # a chain, so that evicted components form
                     last = c.call([last], [1], [-1], 1.0 + (i % 7))[0]
-                c._core.budget = n  # now full: each new 1-byte output evicts one storage
+                c.set_budget(n)  # now full: each new 1-byte output evicts one storage
                 k = 2000
                 t = time.perf_counter()
                 for i in range(k):

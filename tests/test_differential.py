@@ -70,7 +70,7 @@ class Pair:
         assert c.clock == r.clock
         assert c.num_tensors == len(r.tensors) and c.num_storages == len(r.storages)
         assert c.pool_size == len(r.pool), f"pool size: core {c.pool_size} != reference {len(r.pool)}"
-        # Bind the queries once: the facade forwards them through __getattr__.
+        # Local names: one attribute lookup per query, not one per id.
         defined, refs, storage_of = c.defined, c.refs, c.storage_of
         resident, pinned, locks, size, cost = c.resident, c.pinned, c.locks, c.storage_size, c.storage_cost
         for t, rt in enumerate(r.tensors):

@@ -344,7 +344,7 @@ def test_eqclass_split_stays_exact_along_a_chain_and_under_a_budget():
     assert [c.resident(c.storage_of(t)) for t in xs] == [True] * 4 + [False] * 3 + [True]
     assert c.neighbourhood_cost(s7) == 18.0 == c.neighbourhood_cost(c.storage_of(xs[3]))
     assert c.neighbourhood_cost(c.storage_of(xs[2])) == 0.0
-    c._core.budget = 60  # 50 resident: the next 30 bytes evict at least two links
+    c.set_budget(60)  # 50 resident: the next 30 bytes evict at least two links
     c.call([w], [30], [-1], 1.0)
     c.check()
     assert c.counters["evictions"] >= 2
@@ -564,3 +564,15 @@ def test_a_recomputation_brings_back_the_input_that_recurses_first(deep_first):
     c.check()
     assert c.defined(h) and c.counters["memory"] <= 30
     assert sorted(seen) == list(range(1, 18))  # h_0, then p_t and h_t for each step: each once
+
+
+def test_facade_forwards_nothing_it_does_not_name():
+    """Core's surface is explicit: the old pass-through names (score, the hooks) and unknown ones raise."""
+    c = Core("lru", budget=100)
+    (t,) = c.call([c.constant(4)], [8], [-1], 1.0)
+    assert (c.storage_of(t), c.resident(c.storage_of(t)), c.num_storages, c.pool_size) == (1, True, 2, 1)
+    for name in ("score", "on_evict", "on_compute", "on_pin", "no_such_query"):
+        with pytest.raises(AttributeError):
+            getattr(c, name)
+    with pytest.raises(AttributeError):  # a hook set here would be silently ignored: set_hooks sets them
+        c.on_evict = print
