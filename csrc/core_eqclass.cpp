@@ -7,19 +7,7 @@ namespace dtr {
 // ---------------------------------------------------------------------------
 // Evicted neighbourhoods
 
-int Core::uf_find(int n) {
-  int r = n;
-  while (uf_[r].parent != r) {
-    r = uf_[r].parent;
-    c_.storage_accesses += 1;
-  }
-  while (uf_[n].parent != r) {
-    int next = uf_[n].parent;
-    uf_[n].parent = r;
-    n = next;
-  }
-  return r;
-}
+// (uf_find() is in core_internal.h.)
 
 // uf_find without path compression or counting (check(), compact()).
 int Core::uf_root(int n) const {
@@ -278,8 +266,8 @@ double Core::eqclass_cost(int sid) {
   int nroots = 0;
   std::vector<int> more;
   double sum = 0;
-  auto visit = [&](const std::vector<int>& nbrs) {
-    for (int n : nbrs) {
+  for (int dir = 0; dir < 2; ++dir)
+    for (int n : dir == 0 ? s.deps : s.dependents) {
       const Storage& ns = storages_[n];
       if (ns.resident || ns.uf < 0) continue;
       c_.storage_accesses += 1;
@@ -291,9 +279,6 @@ double Core::eqclass_cost(int sid) {
       if (nroots < 16) roots[nroots++] = r; else more.push_back(r);
       sum += uf_[r].value;
     }
-  };
-  visit(s.deps);
-  visit(s.dependents);
   return sum;
 }
 

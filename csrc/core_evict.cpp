@@ -285,14 +285,6 @@ void Core::bt_erase(int sid) {
   s.bt_slot = -1;
 }
 
-void Core::bt_touch(int sid) {
-  if (!bt_on_) return;
-  Storage& s = storages_[sid];
-  if (s.bt_slot < 0 || s.bt_dirty) return;
-  s.bt_dirty = true;
-  bt_dirty_.push_back(sid);
-}
-
 void Core::bt_touch_nbrs(int sid) {
   if (!bt_on_) return;
   bt_touch(sid);
