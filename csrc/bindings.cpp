@@ -109,7 +109,8 @@ PYBIND11_MODULE(_C, m) {
     }
   });
 
-  py::native_enum<InstrKind>(m, "InstrKind", "enum.IntEnum", "An instruction's kind: the int kind of Program.records().")
+  py::native_enum<InstrKind>(m, "InstrKind", "enum.IntEnum",
+                             "An instruction's kind: the int kind of Program.records().")
       .value("CONSTANT", InstrKind::Constant)
       .value("CALL", InstrKind::Call)
       .value("MUTATE", InstrKind::Mutate)

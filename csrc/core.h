@@ -335,7 +335,7 @@ class Core {
   void materialize(int t, bool remat, bool stop_before_root = false);
   void push_frame(std::vector<Frame>& stack, int t, bool remat);
   void abandon_frames(const std::vector<Frame>& stack);  // materialize() failed: give back what they took
-  void finish(int op_id);      // after an op is computed: unlock its inputs, free what it handed over
+  void finish(int op_id);      // after compute(): unlock the inputs, free the handed-over ones, check the remat limit
   int64_t mark_handover(int op_id);
   void compute(int t, bool remat);
   void make_room(int64_t bytes);
@@ -354,7 +354,7 @@ class Core {
   void pool_add(int s);
   void pool_remove(int s);
   double raw_score(int s);
-  int uf_find(int n);
+  int uf_find(int n);           // (inline, in core_internal.h)
   void uf_merge(int a, int b);
   double eqclass_cost(int s);
   double full_cost(int s);
@@ -389,7 +389,7 @@ class Core {
   void bt_set(int slot, int sid);
   void bt_insert(int s);
   void bt_erase(int s);
-  void bt_touch(int s);         // refresh S's leaf before the next choice
+  void bt_touch(int s);         // refresh S's leaf before the next choice (inline, in core_internal.h)
   void bt_touch_nbrs(int s);    // ... and those of its neighbours
   void bt_flush();
   // check()'s groups of checks, in the order it runs them.
