@@ -14,7 +14,7 @@ $(VENV)/.installed: pyproject.toml setup.py $(wildcard csrc/*.cpp csrc/*.h)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q "$(TORCH)"
-	$(PIP) install -q setuptools wheel "pybind11>=2.10"
+	$(PIP) install -q setuptools wheel "pybind11>=3.0"
 	$(PIP) install -q --no-build-isolation -e ".[test]"
 	touch $@
 

@@ -5,7 +5,13 @@ from setuptools import setup
 ext_modules = [
     Pybind11Extension(
         "dtr._C",
-        sorted(["csrc/core.cpp", "csrc/logparse.cpp", "csrc/replay.cpp", "csrc/bindings.cpp"]),
+        [
+            # The core (core.h), one file per subsystem.
+            "csrc/core_graph.cpp", "csrc/core_materialize.cpp", "csrc/core_evict.cpp", "csrc/core_eqclass.cpp",
+            "csrc/core_compact.cpp", "csrc/core_check.cpp",
+            # Logs (program.h) and their replay (replay.h), and the Python module.
+            "csrc/logparse.cpp", "csrc/replay.cpp", "csrc/bindings.cpp",
+        ],
         include_dirs=["csrc"],
         cxx_std=17,
         extra_compile_args=["-O2"],

@@ -16,6 +16,7 @@ import sys
 import time
 from pathlib import Path
 
+from dtr.core import ReplayStatus
 from dtr.sim import parse_text, read_log
 from dtr.sim.chain import chain_log
 from dtr.sim.compare import compare
@@ -99,7 +100,7 @@ def table(title: str, log, planners, limit: float, ratios=(0.5, 0.3)) -> list:
         static = [r.overhead for r in sub if r.kind == "static" and r.valid]
         for h in ("eqclass", "dtr"):
             d = next(r for r in sub if r.planner == h)
-            if static and d.status == "ok":
+            if static and d.status == ReplayStatus.OK:
                 best = min(static)
                 ok = (d.overhead - 1) <= 1.2 * (best - 1) + 1e-12
                 verdicts.append(f"{x:.0%} {h}: overhead {d.overhead:.4f} vs best static {best:.4f} "

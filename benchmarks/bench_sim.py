@@ -18,7 +18,7 @@ import subprocess
 import sys
 import time
 
-from dtr.core import Core
+from dtr.core import Core, ReplayStatus
 from dtr.sim import chain_log, parse_text, read_log, replay
 from dtr.sim.chain import chain_budget
 from dtr.sim.replay import baseline
@@ -58,7 +58,7 @@ def quality_section(shared: pathlib.Path) -> list:
             ref = table.get((name, "eqclass", ratio))
             e = replay(log, "eqclass", int(peak * ratio), thrash_limit=2, baseline_peak=peak)
             d = replay(log, "dtr", int(peak * ratio), thrash_limit=2, baseline_peak=peak)
-            if ref and ref[1] == "ok" and e.status == "ok":
+            if ref and ref[1] == ReplayStatus.OK and e.status == ReplayStatus.OK:
                 worst = max(worst, e.overhead / ref[0] - 1)
             refs = f"{ref[0]:.3f} {ref[1]}" if ref else "–"
             rows.append(f"| {name} | {ratio} | {refs} | {e.overhead:.3f} {e.status} | {d.overhead:.3f} {d.status} |")
@@ -130,7 +130,7 @@ def pool_section() -> list:
                 last = w
                 for i in range(n):  # a chain, so that evicted components form
                     last = c.call([last], [1], [-1], 1.0 + (i % 7))[0]
-                c._core.budget = n  # now full: each new 1-byte output evicts one storage
+                c.set_budget(n)  # now full: each new 1-byte output evicts one storage
                 k = 2000
                 t = time.perf_counter()
                 for _ in range(k):

@@ -1,9 +1,11 @@
 // bindings.cpp - the pybind11 module dtr._C. Reached only through dtr.core and
 // dtr.sim (the Python facade); see dtr/_C.pyi for the typed surface.
 #include <pybind11/functional.h>
+#include <pybind11/native_enum.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <cctype>
 #include <cstring>
 
 #include "core.h"
@@ -80,6 +82,31 @@ py::object tuple_of(const std::vector<T>& v) {
   return py::reinterpret_steal<py::object>(to_py(v));
 }
 
+// dtr._C.ReplayStatus: a str enum (OK = "ok", ...) of the names status_name() gives, so that
+// Python compares the result's status string with it; enum.StrEnum where there is one.
+py::object replay_status_enum(py::module_& m) {
+  py::module_ enum_mod = py::module_::import("enum");
+  py::list members;
+  for (ReplayStatus s : kReplayStatuses) {
+    std::string name = status_name(s);
+    for (char& ch : name) ch = char(std::toupper(static_cast<unsigned char>(ch)));
+    members.append(py::make_tuple(name, status_name(s)));
+  }
+  py::dict kwargs;
+  kwargs["module"] = m.attr("__name__");
+  kwargs["qualname"] = "ReplayStatus";
+  if (py::hasattr(enum_mod, "StrEnum")) return enum_mod.attr("StrEnum")("ReplayStatus", members, **kwargs);
+  kwargs["type"] = py::module_::import("builtins").attr("str");
+  return enum_mod.attr("Enum")("ReplayStatus", members, **kwargs);
+}
+
+py::list trace_list(const std::vector<std::pair<TraceEvent, int>>& trace) {
+  py::list out(trace.size());
+  for (size_t k = 0; k < trace.size(); ++k)
+    out[k] = py::make_tuple(static_cast<int>(trace[k].first), trace[k].second);
+  return out;
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_C, m) {
@@ -108,6 +135,27 @@ PYBIND11_MODULE(_C, m) {
     }
   });
 
+  py::native_enum<InstrKind>(m, "InstrKind", "enum.IntEnum",
+                             "An instruction's kind: the int kind of Program.records().")
+      .value("CONSTANT", InstrKind::Constant)
+      .value("CALL", InstrKind::Call)
+      .value("MUTATE", InstrKind::Mutate)
+      .value("COPY", InstrKind::Copy)
+      .value("COPYFROM", InstrKind::CopyFrom)
+      .value("RELEASE", InstrKind::Release)
+      .value("PIN", InstrKind::Pin)
+      .value("PROTECT", InstrKind::Protect)
+      .value("COLLECT", InstrKind::Collect)
+      .finalize();
+  py::native_enum<TraceEvent>(m, "TraceEvent", "enum.IntEnum",
+                              "The kind of a replay's trace entry (kind, id): ids are core ops or storages.")
+      .value("COMPUTED", TraceEvent::Computed, "an op computed for the first time (id: op)")
+      .value("RECOMPUTED", TraceEvent::Recomputed, "an op recomputed (id: op)")
+      .value("EVICTED", TraceEvent::Evicted, "a storage evicted by the heuristic (id: storage)")
+      .value("FREED", TraceEvent::Freed, "a storage freed otherwise: last release, collected, banished (id: storage)")
+      .finalize();
+  m.attr("ReplayStatus") = replay_status_enum(m);
+
   py::class_<Config>(m, "Config")
       .def(py::init<>())
       .def_readwrite("budget", &Config::budget)
@@ -118,7 +166,6 @@ PYBIND11_MODULE(_C, m) {
       .def_readwrite("use_staleness", &Config::use_staleness)
       .def_readwrite("random", &Config::random)
       .def_readwrite("banish", &Config::banish)
-      .def_readwrite("eager_evict", &Config::eager_evict)
       .def_readwrite("seed", &Config::seed)
       .def_readwrite("sample", &Config::sample)
       .def_readwrite("free_dead_constants", &Config::free_dead_constants)
@@ -129,19 +176,20 @@ PYBIND11_MODULE(_C, m) {
       .def_readwrite("remat_limit", &Config::remat_limit);
 
   py::class_<Core>(m, "Core")
-      .def(py::init<const Config&>())
-      .def("constant", &Core::constant)
+      .def(py::init<const Config&>(), py::arg("config"))
+      .def("constant", &Core::constant, py::arg("size"))
       .def("call", &Core::call, py::arg("inputs"), py::arg("sizes"), py::arg("alias_of"), py::arg("cost"))
-      .def("mutate", &Core::mutate)
-      .def("mutate_inplace", &Core::mutate_inplace)
-      .def("call_inplace", &Core::call_inplace)
+      .def("mutate", &Core::mutate, py::arg("inputs"), py::arg("mutated"), py::arg("cost"))
+      .def("mutate_inplace", &Core::mutate_inplace, py::arg("inputs"), py::arg("mutated"), py::arg("cost"))
+      .def("call_inplace", &Core::call_inplace, py::arg("inputs"), py::arg("sizes"), py::arg("alias_of"),
+           py::arg("mutated"), py::arg("cost"))
       .def("begin_call", &Core::begin_call, py::arg("inputs"), py::arg("sizes"), py::arg("alias_of"),
            py::arg("inplace_of"), py::arg("cost"))
-      .def("end_call", &Core::end_call)
-      .def("abort_call", &Core::abort_call)
+      .def("end_call", &Core::end_call, py::arg("op"), py::arg("cost"))
+      .def("abort_call", &Core::abort_call, py::arg("op"))
       .def("set_cost", &Core::set_cost, py::arg("op"), py::arg("cost"))
-      .def("protect", &Core::protect)
-      .def("protect_targets", &Core::protect_targets)
+      .def("protect", &Core::protect, py::arg("storage"))
+      .def("protect_targets", &Core::protect_targets, py::arg("storage"))
       .def("collect", &Core::collect)
       .def("compact",
            [](Core& c) {
@@ -149,15 +197,15 @@ PYBIND11_MODULE(_C, m) {
              return py::make_tuple(std::move(r.ops), std::move(r.tensors), std::move(r.storages));
            })
       .def_property_readonly("num_collected_storages", &Core::num_collected_storages)
-      .def("collected", &Core::collected)
-      .def("op_collected", &Core::op_collected)
-      .def("storage_tensors", &Core::storage_tensors)
-      .def("retain", &Core::retain)
-      .def("release", &Core::release)
-      .def("require", &Core::require)
-      .def("pin", &Core::pin)
-      .def("lock", &Core::lock)
-      .def("unlock", &Core::unlock)
+      .def("collected", &Core::collected, py::arg("s"))
+      .def("op_collected", &Core::op_collected, py::arg("op"))
+      .def("storage_tensors", &Core::storage_tensors, py::arg("s"))
+      .def("retain", &Core::retain, py::arg("t"))
+      .def("release", &Core::release, py::arg("t"))
+      .def("require", &Core::require, py::arg("t"))
+      .def("pin", &Core::pin, py::arg("t"))
+      .def("lock", &Core::lock, py::arg("s"))
+      .def("unlock", &Core::unlock, py::arg("s"))
       .def("counters", [](const Core& c) { return counters_dict(c.counters()); })
       .def_property_readonly("clock", &Core::clock)
       .def_property_readonly("memory", [](const Core& c) { return c.counters().memory; })
@@ -165,38 +213,37 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly("remat_compute", [](const Core& c) { return c.counters().remat_compute; })
       .def_property_readonly("base_compute", [](const Core& c) { return c.counters().base_compute; })
       .def_property("budget", &Core::budget, &Core::set_budget)
-      .def("set_remat_limit", &Core::set_remat_limit)
+      .def("set_remat_limit", &Core::set_remat_limit, py::arg("limit"))
       .def_property_readonly("num_tensors", &Core::num_tensors)
       .def_property_readonly("num_storages", &Core::num_storages)
       .def_property_readonly("num_ops", &Core::num_ops)
       .def_property_readonly("pool_size", &Core::pool_size)
-      .def("storage_of", &Core::storage_of)
-      .def("op_of", &Core::op_of)
-      .def("defined", &Core::defined)
-      .def("resident", &Core::resident)
-      .def("banished", &Core::banished)
-      .def("handed", &Core::handed)
-      .def("pinned", &Core::pinned)
-      .def("locks", &Core::locks)
-      .def("refs", &Core::refs)
-      .def("storage_refs", &Core::storage_refs)
-      .def("storage_deps", &Core::storage_deps)
-      .def("forget", &Core::forget)
-      .def("storage_size", &Core::storage_size)
-      .def("storage_cost", &Core::storage_cost)
-      .def("score", &Core::score)
-      .def("neighbourhood_cost", &Core::neighbourhood_cost)
+      .def("storage_of", &Core::storage_of, py::arg("t"))
+      .def("op_of", &Core::op_of, py::arg("t"))
+      .def("defined", &Core::defined, py::arg("t"))
+      .def("resident", &Core::resident, py::arg("s"))
+      .def("banished", &Core::banished, py::arg("s"))
+      .def("handed", &Core::handed, py::arg("s"))
+      .def("pinned", &Core::pinned, py::arg("s"))
+      .def("locks", &Core::locks, py::arg("s"))
+      .def("refs", &Core::refs, py::arg("t"))
+      .def("storage_refs", &Core::storage_refs, py::arg("s"))
+      .def("storage_deps", &Core::storage_deps, py::arg("s"))
+      .def("forget", &Core::forget, py::arg("s"))
+      .def("storage_size", &Core::storage_size, py::arg("s"))
+      .def("storage_cost", &Core::storage_cost, py::arg("s"))
+      .def("neighbourhood_cost", &Core::neighbourhood_cost, py::arg("s"))
       .def("check", &Core::check)
       .def_readwrite("on_evict", &Core::on_evict)
       .def_readwrite("on_compute", &Core::on_compute)
       .def_readwrite("on_pin", &Core::on_pin)
-      .def("op_inputs", &Core::op_inputs)
-      .def("op_outputs", &Core::op_outputs)
-      .def("op_sizes", &Core::op_sizes)
-      .def("op_cost", &Core::op_cost)
-      .def("tensor_index", &Core::tensor_index)
-      .def("is_alias", &Core::is_alias)
-      .def("storage_root", &Core::storage_root);
+      .def("op_inputs", &Core::op_inputs, py::arg("op"))
+      .def("op_outputs", &Core::op_outputs, py::arg("op"))
+      .def("op_sizes", &Core::op_sizes, py::arg("op"))
+      .def("op_cost", &Core::op_cost, py::arg("op"))
+      .def("tensor_index", &Core::tensor_index, py::arg("t"))
+      .def("is_alias", &Core::is_alias, py::arg("t"))
+      .def("storage_root", &Core::storage_root, py::arg("s"));
 
   py::class_<Program>(m, "Program")
       .def_readonly("format", &Program::format)
@@ -215,11 +262,14 @@ PYBIND11_MODULE(_C, m) {
         return out;
       });
 
-  m.def("parse_log", [](py::bytes data) {
-    std::string text = data;
-    py::gil_scoped_release nogil;
-    return parse_log(text);
-  });
+  m.def(
+      "parse_log",
+      [](py::bytes data) {
+        std::string text = data;
+        py::gil_scoped_release nogil;
+        return parse_log(text);
+      },
+      py::arg("data"));
 
   m.def(
       "replay",
@@ -230,13 +280,13 @@ PYBIND11_MODULE(_C, m) {
           r = replay(prog, cfg, thrash_limit, check, trace);
         }
         py::dict d = counters_dict(r.counters);
-        d["status"] = r.status;
+        d["status"] = status_name(r.status);
         d["base_total"] = r.base_total;
         d["needed_bytes"] = r.needed_bytes;
         d["failed_line"] = r.failed_line;
         d["instructions"] = r.instructions;
         if (trace) {
-          d["trace"] = r.trace;
+          d["trace"] = trace_list(r.trace);
           d["op_instr"] = r.op_instr;
           d["storage_op"] = r.storage_op;
           d["storage_index"] = r.storage_index;

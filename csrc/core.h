@@ -26,6 +26,13 @@
 //    collected or banished storage, or on a pinned one, where it is defined or
 //    unreferenced and read by no op that is not collected (see Note
 //    [Collection and compaction]).
+//
+// The implementation, one file per subsystem: core_graph.cpp (building the
+// graph, costs, references and locks), core_materialize.cpp (require, pin,
+// protect, recomputation), core_evict.cpp (the pool, choosing a victim, the
+// bound tree, eviction and banishing), core_eqclass.cpp (evicted
+// neighbourhoods: union-find components and e*), core_compact.cpp (collect,
+// compact) and core_check.cpp (check); core_internal.h has their shared helpers.
 #pragma once
 
 #include <cstdint>
@@ -49,13 +56,12 @@ struct Config {
   bool use_staleness = true;    // divide by stale(S)
   bool random = false;          // uniform choice over the pool (seeded)
   bool banish = false;          // banish on last release instead of eager eviction
-  bool eager_evict = true;      // evict a storage as soon as its last handle is released
   uint64_t seed = 0;
   int sample = 0;               // >0: score only this many random pool members per eviction
   bool free_dead_constants = false;  // free a constant when its last reference dies (after protect())
   double remat_limit = std::numeric_limits<double>::infinity();  // stop once remat compute passes it
-  bool keep_needed = false;     // see Note [Freeing what an evicted tensor needs] in core.cpp
-  bool eqclass_split = false;   // eqclass: exact components (see Note [Splitting eqclass components] in core.cpp)
+  bool keep_needed = false;     // see Note [Freeing what an evicted tensor needs] in core_graph.cpp
+  bool eqclass_split = false;   // eqclass: exact components (see Note [Splitting eqclass components] in core_eqclass.cpp)
   bool inplace_handover = false;  // a recomputed in-place write takes its old version's bytes (Note [Handing bytes over on recomputation])
   bool deep_first = false;      // recompute the evicted inputs that need recursion first (Note [Deepest input first])
 };
@@ -142,11 +148,11 @@ class Core {
   // op times later, e.g. from CUDA events): its cost, its storages' costs, the
   // eqclass component of an evicted one and the e* caches follow, and
   // base_compute is corrected; the clock is not rewritten (see Note [Changing
-  // an op's cost] in core.cpp).
+  // an op's cost] in core_graph.cpp).
   void set_cost(int op, double cost);
   // Before a constant is overwritten in place: every live storage whose
   // recomputation would read its old value is brought back and pinned, with
-  // its referenced tensors defined (see Note [Protecting a constant] in core.cpp).
+  // its referenced tensors defined (see Note [Protecting a constant] in core_materialize.cpp).
   void protect(int storage);
   // The storages protect(storage) would pin or complete now: referenced,
   // not constants all of whose tensors are defined, and computed from
@@ -220,8 +226,6 @@ class Core {
   int64_t storage_size(int s) const { return storages_.at(s).size; }
   double storage_cost(int s) const { return storages_.at(s).cost; }
   int pool_size() const { return int(pool_.size()); }
-  // The score the heuristic gives storage `s` now (for tests and tracing).
-  double score(int s);
   // Evicted-neighbourhood cost term of `s` under the configured cost mode.
   double neighbourhood_cost(int s);
 
@@ -327,8 +331,11 @@ class Core {
 
   int new_op(const std::vector<int>& inputs, const std::vector<int64_t>& sizes, const std::vector<int>& alias_of,
              double cost);
+  struct Frame;                 // one level of materialize()'s explicit stack
   void materialize(int t, bool remat, bool stop_before_root = false);
-  void finish(int op_id, bool remat);
+  void push_frame(std::vector<Frame>& stack, int t, bool remat);
+  void abandon_frames(const std::vector<Frame>& stack);  // materialize() failed: give back what they took
+  void finish(int op_id);      // after compute(): unlock the inputs, free the handed-over ones, check the remat limit
   int64_t mark_handover(int op_id);
   void compute(int t, bool remat);
   void make_room(int64_t bytes);
@@ -336,13 +343,18 @@ class Core {
   void evict(int s, bool by_heuristic);
   void banish(int s);
   void drop_garbage(int s, std::vector<int>* leaving = nullptr);
+  std::vector<char> find_needed();  // collect(): per storage, whether it may be needed again
+  void find_kept(std::vector<char>& keep_ops, std::vector<char>& keep_storages) const;  // compact()'s kept set
+  Remap number_kept(const std::vector<char>& keep_ops, const std::vector<char>& keep_storages) const;
+  void renumber_ops_and_tensors(const Remap& r);
+  void renumber_storages(const Remap& r);  // and rebuild the union-find
   int uf_root(int n) const;     // uf_find without path compression or counting
   void check_alive_input(int t, const char* what) const;
   void try_banish(int s);
   void pool_add(int s);
   void pool_remove(int s);
   double raw_score(int s);
-  int uf_find(int n);
+  int uf_find(int n);           // (inline, in core_internal.h)
   void uf_merge(int a, int b);
   double eqclass_cost(int s);
   double full_cost(int s);
@@ -352,10 +364,13 @@ class Core {
   void free_if_unneeded(int s);
   void touch_parents(int op);
   bool needs_recursion(int t) const;
-  void lock_inputs(int op);  // see Note [Ops without outputs] in core.cpp
+  void lock_inputs(int op);  // see Note [Ops without outputs] in core_graph.cpp
   void drop_outputs(int op);  // an op that will not run: its outputs lose their references, unborn ones are banished
   void count_uf_nbrs(int sid, int delta);
   void uf_leave(int sid);
+  struct UFSplit;               // uf_leave()'s lockstep searches
+  UFSplit uf_split_search(const std::vector<int>& seeds, uint64_t base);
+  void uf_split_off(UFSplit& split, int root, double cost);
   void uf_leave_all(const std::vector<int>& sids);
   void uf_rebuild(const std::vector<int>& seeds);
   double change_cost(int op_id, double cost, bool in_progress);
@@ -365,6 +380,7 @@ class Core {
   void note_cost(double cost, size_t storages);
   bool bounds_exact() const;
   void bt_sync();               // turn the tree on or off to match bounds_exact() and the config
+  void bt_clear();              // drop the tree (off until the next bt_sync())
   void bt_rebuild();
   double bt_key(int s);         // a lower bound of c(S)/m(S) from S and its neighbours alone
   void bt_note(int s, double c);  // eqclass: S's c(S) is `c` now (rounded-down potential for its leaf)
@@ -373,9 +389,17 @@ class Core {
   void bt_set(int slot, int sid);
   void bt_insert(int s);
   void bt_erase(int s);
-  void bt_touch(int s);         // refresh S's leaf before the next choice
+  void bt_touch(int s);         // refresh S's leaf before the next choice (inline, in core_internal.h)
   void bt_touch_nbrs(int s);    // ... and those of its neighbours
   void bt_flush();
+  // check()'s groups of checks, in the order it runs them.
+  void check_tensor_ids() const;
+  std::vector<char> check_op_ids() const;  // returns which tensors an op that is not collected reads
+  void check_collected_ops(const std::vector<char>& read_live) const;
+  void check_storage_ids() const;
+  void check_storages() const;
+  void check_components() const;
+  void check_bound_tree() const;
 };
 
 }  // namespace dtr

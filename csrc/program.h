@@ -13,6 +13,8 @@
 
 namespace dtr {
 
+// An instruction's kind: the int `kind` of Program.records() (dtr._C.InstrKind
+// in Python, where a Record's kind is its name in lower case).
 enum class InstrKind : uint8_t {
   Constant = 0,  // out[0] = new pinned tensor of sizes[0] bytes
   Call = 1,      // out = name(in); sizes[i], aliases[i] (index into in, or -1)

@@ -110,15 +110,15 @@ ReplayResult replay(const Program& prog, const Config& cfg_in, double thrash_lim
       // An old version handed over to this recomputation is freed right before it (Note [Handing bytes
       // over on recomputation]); its eviction after the op is then not reported again.
       for (int p : core.op_inputs(op))
-        if (core.handed(core.storage_of(p))) res.trace.emplace_back(3, core.storage_of(p));
-      res.trace.emplace_back(remat ? 1 : 0, op);
+        if (core.handed(core.storage_of(p))) res.trace.emplace_back(TraceEvent::Freed, core.storage_of(p));
+      res.trace.emplace_back(remat ? TraceEvent::Recomputed : TraceEvent::Computed, op);
       for (int t : core.op_outputs(op)) {
         const int s = core.storage_of(t);
-        if (!core.is_alias(t) && core.banished(s)) res.trace.emplace_back(3, s);
+        if (!core.is_alias(t) && core.banished(s)) res.trace.emplace_back(TraceEvent::Freed, s);
       }
     };
     r.core.on_evict = [&res, &core](int s, bool by_heuristic) {
-      if (!core.handed(s)) res.trace.emplace_back(by_heuristic ? 2 : 3, s);
+      if (!core.handed(s)) res.trace.emplace_back(by_heuristic ? TraceEvent::Evicted : TraceEvent::Freed, s);
     };
   }
   int line = 0;
@@ -137,11 +137,11 @@ ReplayResult replay(const Program& prog, const Config& cfg_in, double thrash_lim
     r.outputs();
     if (check) r.core.check();
   } catch (const OutOfMemory& e) {
-    res.status = "oom";
+    res.status = ReplayStatus::Oom;
     res.needed_bytes = e.needed;
     res.failed_line = line;
   } catch (const Thrashing&) {
-    res.status = "thrash";
+    res.status = ReplayStatus::Thrash;
     res.failed_line = line;
   }
   res.counters = r.core.counters();

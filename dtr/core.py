@@ -9,18 +9,26 @@ from __future__ import annotations
 import math
 import numbers
 import operator
-import types
-from typing import Callable, List, Optional, Sequence, Tuple
+from typing import Callable, List, Literal, Optional, Sequence, Tuple
 
 from dtr import _C
 from dtr.errors import BudgetError, OutOfBudgetError, ThrashingError
 from dtr.heuristics import Heuristic, get_heuristic
 from dtr.semantics import SIMRD, Semantics, check_thrash_limit, remat_allowance
 
-__all__ = ["Core", "Program", "make_config", "parse_program", "replay_program", "replay_graph", "RawLogError"]
+__all__ = ["Core", "Program", "make_config", "parse_program", "replay_program", "replay_graph", "RawLogError",
+           "InstrKind", "TraceEvent", "ReplayStatus"]
 
 Program = _C.Program
 RawLogError = _C.LogError
+
+#: An instruction's kind, the int ``kind`` of ``Program.records()`` (an ``IntEnum``;
+#: a :class:`dtr.sim.logs.Record`'s kind is its name in lower case).
+InstrKind = _C.InstrKind
+#: The kind of an entry ``(kind, id)`` of a replay's trace (an ``IntEnum``).
+TraceEvent = _C.TraceEvent
+#: How a replay ended: a str enum, equal to the ``status`` string of its result.
+ReplayStatus = _C.ReplayStatus
 
 _MAX_INT64 = 2**63 - 1
 _MAX_INT32 = 2**31 - 1
@@ -76,7 +84,7 @@ def make_config(heuristic: Heuristic | str = "eqclass", budget: Optional[int] = 
 
 
 class _Translated:
-    """``with _translated():`` turns the core's exceptions into dtr's public ones.
+    """``with _TRANSLATED:`` turns the core's exceptions into dtr's public ones.
 
     A plain class rather than ``@contextmanager``: the runtime enters it twice
     per dispatched op, and a generator-based manager costs several times more.
@@ -87,7 +95,7 @@ class _Translated:
     def __enter__(self) -> None:
         return None
 
-    def __exit__(self, typ, e, tb) -> bool:
+    def __exit__(self, typ, e, tb) -> Literal[False]:  # it never swallows an exception
         if typ is None:
             return False
         if issubclass(typ, _C.OutOfMemory):
@@ -100,10 +108,6 @@ class _Translated:
 
 
 _TRANSLATED = _Translated()
-
-
-def _translated() -> _Translated:
-    return _TRANSLATED
 
 
 def _core_property(name: str, doc: str) -> property:
@@ -119,28 +123,103 @@ class Core:
     (``constant``, ``call``, ``mutate``, ``require``, ``pin``) may evict, and
     raises :class:`OutOfBudgetError` or :class:`ThrashingError`.
 
+    The queries (``storage_of``, ``resident``, ...) and the methods that never
+    compute (``lock``, ``unlock``, ``forget``, ``set_remat_limit``) are the
+    wrapped ``_C.Core``'s own bound methods, set on each instance (the runtime
+    calls some for every op: no Python frame in between). Nothing else is
+    forwarded: another name raises AttributeError.
+
     Args:
         heuristic: a :class:`Heuristic` or registered name.
         budget: bytes, or None for no limit.
         **options: see :func:`make_config`.
     """
 
+    # The wrapped core and, documented here, the names bound from it in __init__ (in _BOUND).
+    # t: a tensor id, s: a storage id, op: an op id. Collected ids (see collect) must not be asked about.
+    __slots__ = {
+        "_core": "The wrapped dtr._C.Core.",
+        # tensors
+        "storage_of": "storage_of(t): the storage tensor t views.",
+        "op_of": "op_of(t): the op that computes tensor t.",
+        "tensor_index": "tensor_index(t): t's position among its op's outputs.",
+        "is_alias": "is_alias(t): whether t views an input's storage (a view: it adds no bytes).",
+        "defined": "defined(t): whether t's value is there (its storage is resident and t computed).",
+        "refs": "refs(t): the driver's references to t.",
+        # storages
+        "resident": "resident(s): whether storage s holds its bytes.",
+        "pinned": "pinned(s): whether s is a constant (never evicted).",
+        "banished": "banished(s): whether s is never resident again (a recomputation frees it at once).",
+        "handed": "handed(s): whether s's bytes go to the in-place write being recomputed now.",
+        "collected": "collected(s): whether collect() found that s can never be needed again.",
+        "locks": "locks(s): the locks on s (an op in progress reads it; pinned: one lock for good).",
+        "storage_refs": "storage_refs(s): the references to s's tensors.",
+        "storage_size": "storage_size(s): s's bytes.",
+        "storage_cost": "storage_cost(s): the cost of the ops that compute s's tensors.",
+        "storage_root": "storage_root(s): the tensor whose op allocates s.",
+        "storage_tensors": "storage_tensors(s): the tensors that view s.",
+        "storage_deps": "storage_deps(s): the storages that s's tensors are computed from.",
+        "neighbourhood_cost": "neighbourhood_cost(s): the evicted-neighbourhood term of s's score "
+                              "under the heuristic's cost mode (0 for local and none).",
+        # ops
+        "op_inputs": "op_inputs(op): op's input tensors (-1: dropped by compact, for a collected op).",
+        "op_outputs": "op_outputs(op): op's output tensors.",
+        "op_sizes": "op_sizes(op): the bytes op allocates per output (0 for a view).",
+        "op_cost": "op_cost(op): op's cost.",
+        "op_collected": "op_collected(op): whether op can never run again (collect()).",
+        # never compute
+        "lock": "lock(s): keep resident storage s from eviction until unlock(s).",
+        "unlock": "unlock(s): give back one lock on s.",
+        "forget": "forget(s): the driver lost the memory of s (unreferenced, unlocked): mark it evicted.",
+        "set_remat_limit": "set_remat_limit(limit): raise ThrashingError once recomputation passes limit.",
+    }
+    storage_of: Callable[[int], int]
+    op_of: Callable[[int], int]
+    tensor_index: Callable[[int], int]
+    is_alias: Callable[[int], bool]
+    defined: Callable[[int], bool]
+    refs: Callable[[int], int]
+    resident: Callable[[int], bool]
+    pinned: Callable[[int], bool]
+    banished: Callable[[int], bool]
+    handed: Callable[[int], bool]
+    collected: Callable[[int], bool]
+    locks: Callable[[int], int]
+    storage_refs: Callable[[int], int]
+    storage_size: Callable[[int], int]
+    storage_cost: Callable[[int], float]
+    storage_root: Callable[[int], int]
+    storage_tensors: Callable[[int], List[int]]
+    storage_deps: Callable[[int], List[int]]
+    neighbourhood_cost: Callable[[int], float]
+    op_inputs: Callable[[int], List[int]]
+    op_outputs: Callable[[int], List[int]]
+    op_sizes: Callable[[int], List[int]]
+    op_cost: Callable[[int], float]
+    op_collected: Callable[[int], bool]
+    lock: Callable[[int], None]
+    unlock: Callable[[int], None]
+    forget: Callable[[int], None]
+    set_remat_limit: Callable[[float], None]
+
     def __init__(self, heuristic: Heuristic | str = "eqclass", budget: Optional[int] = None, **options):
-        self._core = _C.Core(make_config(heuristic, budget, **options))
+        core = self._core = _C.Core(make_config(heuristic, budget, **options))
+        for name in _BOUND:
+            setattr(self, name, getattr(core, name))
 
     def constant(self, size: int) -> int:
         """Add a pinned, never-evicted tensor of ``size`` bytes; returns its id."""
-        with _translated():
+        with _TRANSLATED:
             return self._core.constant(size)
 
     def call(self, inputs: Sequence[int], sizes: Sequence[int], alias_of: Sequence[int], cost: float) -> List[int]:
         """Compute ``outputs = op(inputs)``; ``alias_of[i]`` is the input index output i views, or -1."""
-        with _translated():
+        with _TRANSLATED:
             return self._core.call(list(inputs), list(sizes), list(alias_of), float(cost))
 
     def mutate(self, inputs: Sequence[int], mutated: Sequence[int], cost: float) -> List[int]:
         """In-place op on ``inputs[j]`` for j in ``mutated``; returns the new tensors."""
-        with _translated():
+        with _TRANSLATED:
             return self._core.mutate(list(inputs), list(mutated), float(cost))
 
     def mutate_inplace(self, inputs: Sequence[int], mutated: Sequence[int], cost: float) -> List[int]:
@@ -148,17 +227,17 @@ class Core:
 
         Returns the new versions (-1 for a constant, which keeps its tensor).
         """
-        with _translated():
+        with _TRANSLATED:
             return self._core.mutate_inplace(list(inputs), list(mutated), float(cost))
 
     def require(self, t: int) -> None:
         """Rematerialize tensor ``t`` if it is evicted."""
-        with _translated():
+        with _TRANSLATED:
             self._core.require(t)
 
     def pin(self, t: int) -> None:
         """Rematerialize ``t`` if needed and never evict its storage again."""
-        with _translated():
+        with _TRANSLATED:
             self._core.pin(t)
 
     def begin_call(self, inputs: Sequence[int], sizes: Sequence[int], alias_of: Sequence[int],
@@ -169,12 +248,12 @@ class Core:
         (written in place). Returns the op id; follow with :meth:`end_call` or
         :meth:`abort_call`.
         """
-        with _translated():
+        with _TRANSLATED:
             return self._core.begin_call(list(inputs), list(sizes), list(alias_of), list(inplace_of), float(cost))
 
     def end_call(self, op: int, cost: float) -> None:
         """Two-phase call, part two: the op ran at ``cost``; account for it, unlock its inputs."""
-        with _translated():
+        with _TRANSLATED:
             self._core.end_call(op, float(cost))
 
     def set_cost(self, op: int, cost: float) -> None:
@@ -196,7 +275,7 @@ class Core:
 
     def protect(self, storage: int) -> None:
         """Before a constant is written in place: pin what still needs its old value."""
-        with _translated():
+        with _TRANSLATED:
             self._core.protect(storage)
 
     def protect_targets(self, storage: int) -> List[int]:
@@ -210,7 +289,7 @@ class Core:
     def call_inplace(self, inputs: Sequence[int], sizes: Sequence[int], alias_of: Sequence[int],
                      mutated: Sequence[int], cost: float) -> List[int]:
         """An op with outputs that also writes ``inputs[j]`` in place (j in ``mutated``)."""
-        with _translated():
+        with _TRANSLATED:
             return self._core.call_inplace(list(inputs), list(sizes), list(alias_of), list(mutated), float(cost))
 
     def collect(self) -> Tuple[List[int], List[int]]:
@@ -243,7 +322,7 @@ class Core:
         Freeing a dead constant (``free_dead_constants``) first protects what
         still needs it, which may compute.
         """
-        with _translated():
+        with _TRANSLATED:
             self._core.release(t)
 
     def set_budget(self, budget: Optional[int]) -> None:
@@ -259,44 +338,37 @@ class Core:
         """Counters: compute, evictions, remats, memory, peak, storage accesses."""
         return self._core.counters()
 
-    # Read through for every op by the runtime: class properties skip __getattr__.
+    # Read through each time (their values change); attrgetter: no Python frame per read.
     clock = _core_property("clock", "The core's clock: the sum of the costs computed so far (staleness).")
     budget = _core_property("budget", "The budget in bytes (-1: none).")
     memory = _core_property("memory", "Bytes resident now, as the core accounts them.")
     peak_memory = _core_property("peak_memory", "The most bytes resident at once so far.")
     base_compute = _core_property("base_compute", "Compute of first computations so far (cost units).")
     remat_compute = _core_property("remat_compute", "Compute of recomputations so far (cost units).")
-
-    def __getattr__(self, name: str):
-        # Read-only queries (defined, resident, storage_of, score, ...) and hooks.
-        # A query method is bound once: the runtime calls some for every op.
-        # (Properties and hooks are read through each time: their values change.)
-        attr = getattr(self._core, name)
-        if not name.startswith("on_") and isinstance(attr, types.MethodType):
-            self.__dict__[name] = attr
-        return attr
+    num_tensors = _core_property("num_tensors", "Tensors in the core's tables (ids 0 .. num_tensors - 1).")
+    num_storages = _core_property("num_storages", "Storages in the core's tables.")
+    num_ops = _core_property("num_ops", "Ops in the core's tables.")
+    num_collected_storages = _core_property("num_collected_storages",
+                                            "Storages in the tables that collect() collected (compact() drops them).")
+    pool_size = _core_property("pool_size", "Storages the heuristic may evict now (resident, unlocked, not pinned).")
 
     def set_hooks(self, on_evict: Optional[Callable[[int], None]] = None,
-                  on_remat: Optional[Callable[[int], None]] = None,
                   on_compute: Optional[Callable[[int, bool], None]] = None,
                   on_pin: Optional[Callable[[int], None]] = None) -> None:
-        """Callbacks for a driver that owns real memory.
+        """Callbacks for a driver that owns real memory (None: no callback).
 
         Args:
             on_evict: ``f(storage)`` after any storage is evicted or freed.
-            on_remat: ``f(op)`` before an op is recomputed.
-            on_compute: ``f(op, remat)`` before any op is computed (first time or
-                again); overrides ``on_remat``.
+            on_compute: ``f(op, remat)`` before any op is computed (first time or again).
             on_pin: ``f(storage)`` when a storage becomes a constant.
         """
         self._core.on_pin = on_pin
         self._core.on_evict = None if on_evict is None else (lambda s, by_heuristic: on_evict(s))
-        if on_compute is not None:
-            self._core.on_compute = on_compute
-        elif on_remat is not None:
-            self._core.on_compute = lambda op, remat: on_remat(op) if remat else None
-        else:
-            self._core.on_compute = None
+        self._core.on_compute = on_compute
+
+
+# The wrapped core's methods that Core sets on each instance (documented in its __slots__).
+_BOUND = tuple(name for name in Core.__slots__ if name != "_core")
 
 
 def parse_program(data: bytes) -> "_C.Program":
@@ -309,13 +381,14 @@ def replay_program(program: "_C.Program", heuristic: Heuristic | str = "eqclass"
                    **options) -> dict:
     """Replay a parsed program on a fresh core and return its raw result dict.
 
-    With ``trace``, the dict also has ``trace`` (a list of ``(kind, id)``: 0 =
-    core op computed (an op without outputs too, once), 1 = recomputed, 2 =
-    storage evicted by the heuristic, 3 = storage freed otherwise: at its last
-    release, collected, or a banished output of the op just recomputed, freed
-    at once), ``op_instr`` (core op -> instruction
-    index), ``storage_op`` and ``storage_index`` (core storage -> allocating op
-    and output position).
+    ``status`` is a :data:`ReplayStatus` value (a plain string). With ``trace``,
+    the dict also has ``trace`` (a list of ``(kind, id)``, kind an int of
+    :data:`TraceEvent`: ``COMPUTED`` core op computed (an op without outputs
+    too, once), ``RECOMPUTED``, ``EVICTED`` storage evicted by the heuristic,
+    ``FREED`` storage freed otherwise: at its last release, collected, or a
+    banished output of the op just recomputed, freed at once), ``op_instr``
+    (core op -> instruction index), ``storage_op`` and ``storage_index`` (core
+    storage -> allocating op and output position).
 
     Raises:
         ValueError: a thrash limit that is not a number >= 1 (or infinity),

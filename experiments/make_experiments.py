@@ -20,6 +20,7 @@ import sys
 import tempfile
 import time
 
+from dtr.core import ReplayStatus
 from dtr.heuristics import heuristic_names
 from dtr.sim.chain import chain_log
 from dtr.sim.plot import (
@@ -71,7 +72,7 @@ def fmt_cell(rows, ratio: float) -> str:
     r = next((r for r in rows if abs(r.budget_ratio - ratio) < 1e-9), None)
     if r is None:
         return "–"
-    return f"{r.overhead:.3f}" if r.status == "ok" else f"{r.status} ({r.overhead:.2f})"
+    return f"{r.overhead:.3f}" if r.status == ReplayStatus.OK else f"{r.status} ({r.overhead:.2f})"
 
 
 def log_table(lrows) -> list:
@@ -81,7 +82,7 @@ def log_table(lrows) -> list:
         hrows = [r for r in lrows if r.heuristic == h]
         ratio, why = last_ok_ratio(hrows)
         if ratio is None:
-            lowest = "none succeeded" if all(r.status != "ok" for r in hrows) else \
+            lowest = "none succeeded" if all(r.status != ReplayStatus.OK for r in hrows) else \
                 f"{min(r.budget_ratio for r in hrows):g} (all ok)"
             below = "–"
         else:
@@ -95,8 +96,8 @@ def log_table(lrows) -> list:
 def lowest_ok(rows, h):
     ratio, _ = last_ok_ratio([r for r in rows if r.heuristic == h])
     if ratio is None:
-        ok = [r for r in rows if r.heuristic == h and r.status == "ok"]
-        return min(r.budget_ratio for r in ok) if ok and all(r.status == "ok" for r in rows if r.heuristic == h) \
+        ok = [r for r in rows if r.heuristic == h and r.status == ReplayStatus.OK]
+        return min(r.budget_ratio for r in ok) if ok and all(r.status == ReplayStatus.OK for r in rows if r.heuristic == h) \
             else None
     return ratio
 
@@ -107,7 +108,7 @@ def findings(groups, points) -> list:
     for label, lrows in groups:
         lows = {h: lowest_ok(lrows, h) for h in ("dtr", "eqclass", "local", "lru")}
         parts = ", ".join(f"{h} {v:g}" if v is not None else f"{h} –" for h, v in lows.items())
-        ov = {(r.heuristic, round(r.budget_ratio, 6)): r.overhead for r in lrows if r.status == "ok"}
+        ov = {(r.heuristic, round(r.budget_ratio, 6)): r.overhead for r in lrows if r.status == ReplayStatus.OK}
         both = [(x, abs(ov[("dtr", x)] / ov[("eqclass", x)] - 1)) for (h, x) in ov
                 if h == "dtr" and ("eqclass", x) in ov]
         close = max((d for x, d in both if x >= 0.3 - 1e-9), default=None)
@@ -131,17 +132,17 @@ def findings(groups, points) -> list:
                    f"{verdict}{same}.")
     sq = {p.n: p for p in points if p.budget_spec == "sqrt" and p.heuristic == "dtr"}
     if sq:
-        worst = max(p.extra_compute / p.n for p in sq.values() if p.status == "ok")
+        worst = max(p.extra_compute / p.n for p in sq.values() if p.status == ReplayStatus.OK)
         big = max(sq)
         out.append(f"- **Toy chain at ceil(2 sqrt n)**: dtr needs {sq[big].extra_compute:.0f} extra computations at "
                    f"n = {big} ({sq[big].extra_compute / big:.3f} n); at most {worst:.3f} n over n = "
                    f"{min(sq)}..{big} (Chen et al.'s scheme: n).")
-    lg = {p.n: p for p in points if p.budget_spec == "log" and p.heuristic == "dtr" and p.status == "ok"}
+    lg = {p.n: p for p in points if p.budget_spec == "log" and p.heuristic == "dtr" and p.status == ReplayStatus.OK}
     if lg:
         big = max(lg)
         out.append(f"- **Toy chain at ceil(log2 n)**: dtr finishes up to n = {big} with "
                    f"{lg[big].extra_compute:.0f} extra ({lg[big].extra_compute / (big * math.log2(big)):.2f} n log2 n).")
-    lru = {p.n: p for p in points if p.budget_spec == "sqrt" and p.heuristic == "lru" and p.status == "ok"}
+    lru = {p.n: p for p in points if p.budget_spec == "sqrt" and p.heuristic == "lru" and p.status == ReplayStatus.OK}
     if lru and sq:
         n = max(set(lru) & set(sq))
         out.append(f"- LRU on the chain at ceil(2 sqrt n), n = {n}: {lru[n].extra_compute:.0f} extra "
@@ -303,7 +304,7 @@ def main(argv=None) -> int:
             cells = []
             for h in ("dtr", "eqclass", "lru"):
                 p = next(p for p in points if p.n == n and p.heuristic == h and p.budget_spec == spec)
-                cells.append(f"{p.extra_compute:.0f}" + ("" if p.status == "ok" else f" ({p.status})"))
+                cells.append(f"{p.extra_compute:.0f}" + ("" if p.status == ReplayStatus.OK else f" ({p.status})"))
             budget = next(p.budget for p in points if p.n == n and p.budget_spec == spec)
             name = {"sqrt": "ceil(2 sqrt n)", "log": "ceil(log2 n)"}[spec]
             md.append(f"| {n} | {name} = {budget} | " + " | ".join(cells) + " |")

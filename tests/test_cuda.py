@@ -34,6 +34,7 @@ import torch.nn.functional as F  # noqa: E402
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
 import dtr  # noqa: E402
+from dtr.core import ReplayStatus  # noqa: E402
 from dtr.runtime import mode as mode_module  # noqa: E402
 from dtr.runtime.timing import CudaEventTimer  # noqa: E402
 
@@ -194,7 +195,7 @@ def test_recorded_cuda_log_replays_to_the_same_decisions(tmp_path):
         loss = step(model, loss_fn)
     assert torch.equal(loss, ref_loss)
     r = replay(path, "eqclass", limit, thrash_limit=float("inf"))
-    assert r.status == "ok"
+    assert r.status == ReplayStatus.OK
     assert (r.evictions, r.remats, r.peak_bytes) == (b.stats["evictions"], b.stats["remats"], b.stats["peak_bytes"])
 
 

@@ -44,9 +44,13 @@ class Pair:
     def __init__(self, heuristic, budget=None, remat_limit=math.inf):
         self.core = Core(heuristic, budget, remat_limit=remat_limit)
         self.ev, self.rm = [], []
-        self.core.set_hooks(on_evict=self.ev.append, on_remat=self.rm.append)
+        self.core.set_hooks(on_evict=self.ev.append, on_compute=self._computed)
         self.ref = RefCore(heuristic, budget, remat_limit=remat_limit)
         self.log = []
+
+    def _computed(self, op, remat):
+        if remat:
+            self.rm.append(op)
 
     def do(self, name, *args):
         """Apply one op to both; returns (kind, value); asserts they agree."""
@@ -66,7 +70,7 @@ class Pair:
         assert c.clock == r.clock
         assert c.num_tensors == len(r.tensors) and c.num_storages == len(r.storages)
         assert c.pool_size == len(r.pool), f"pool size: core {c.pool_size} != reference {len(r.pool)}"
-        # Bind the queries once: the facade forwards them through __getattr__.
+        # Local names: one attribute lookup per query, not one per id.
         defined, refs, storage_of = c.defined, c.refs, c.storage_of
         resident, pinned, locks, size, cost = c.resident, c.pinned, c.locks, c.storage_size, c.storage_cost
         for t, rt in enumerate(r.tensors):

@@ -3,10 +3,11 @@ from __future__ import annotations
 
 import pytest
 
-from dtr.core import Core
+from dtr.core import Core, InstrKind, ReplayStatus, TraceEvent, replay_program
 from dtr.errors import OutOfBudgetError
 from dtr.semantics import Semantics
 from dtr.sim import read_log, replay
+from dtr.sim.logs import KINDS
 
 # tests/data/small.jsonl: w(5, constant) -> a(10) -> b(10) -> c(10) -> d(10) with
 # costs 1..4, then b and c released, then e = g(a, d) (cost 5).
@@ -17,10 +18,30 @@ from dtr.sim import read_log, replay
 # (cost 1, memory 15 -> 25), e fits exactly (35). Total 15 + 1 = 16.
 
 
+def test_trace_of_small_at_35(data_dir):
+    """The story above as the core's trace: plain (int, int) pairs whose kinds are TraceEvent's."""
+    raw = replay_program(read_log(data_dir / "small.jsonl").program, "eqclass", 35, trace=True)
+    assert type(raw["status"]) is str and raw["status"] == ReplayStatus.OK
+    assert all(type(kind) is int and type(x) is int for kind, x in raw["trace"])
+    computed, recomputed, evicted, freed = TraceEvent.COMPUTED, TraceEvent.RECOMPUTED, TraceEvent.EVICTED, TraceEvent.FREED
+    assert raw["trace"] == [(computed, 0), (computed, 1), (computed, 2), (computed, 3),  # w a b c
+                            (evicted, 1), (computed, 4),                                 # a goes for d
+                            (freed, 2), (freed, 3),                                      # b and c released
+                            (recomputed, 1), (computed, 5)]                              # a back for e
+
+
+def test_enums_keep_the_values_results_spell():
+    """Trace kinds, instruction kinds and statuses: the ints and strings in results and logs' records."""
+    assert [(e.name, int(e)) for e in TraceEvent] == [("COMPUTED", 0), ("RECOMPUTED", 1), ("EVICTED", 2), ("FREED", 3)]
+    assert [(s.name, s.value) for s in ReplayStatus] == [("OK", "ok"), ("OOM", "oom"), ("THRASH", "thrash")]
+    assert KINDS == ("constant", "call", "mutate", "copy", "copyfrom", "release", "pin", "protect", "collect")
+    assert [int(k) for k in InstrKind] == list(range(len(KINDS)))
+
+
 @pytest.mark.parametrize("name", ["small.jsonl", "small.simrd.log", "small.simrd.bin"])
 def test_small_unlimited(data_dir, name):
     r = replay(data_dir / name, "eqclass", None)
-    assert (r.status, r.peak_bytes, r.baseline_peak_bytes) == ("ok", 45, 45)
+    assert (r.status, r.peak_bytes, r.baseline_peak_bytes) == (ReplayStatus.OK, 45, 45)
     assert (r.base_compute, r.total_compute, r.evictions, r.remats) == (15, 15, 0, 0)
     assert r.eager_evictions == 2
     assert r.constant_bytes == 5  # the constant before ANNOTATE START is not part of the step
@@ -30,7 +51,7 @@ def test_small_unlimited(data_dir, name):
 @pytest.mark.parametrize("heuristic", ["eqclass", "dtr", "local", "lru"])
 def test_small_budget_evicts_a_and_recomputes_it(data_dir, name, heuristic):
     r = replay(data_dir / name, heuristic, 35)
-    assert r.status == "ok"
+    assert r.status == ReplayStatus.OK
     assert (r.evictions, r.eager_evictions, r.remats) == (1, 2, 1)
     assert r.peak_bytes == 35
     assert r.total_compute == 16 and r.remat_compute == 1
@@ -41,7 +62,7 @@ def test_small_largest_evicts_b_instead(data_dir):
     # `largest` sees a tie (both 10 bytes) and takes the storage that joined the
     # pool last: b (unlocked after f3), which is never needed again.
     r = replay(data_dir / "small.jsonl", "largest", 35)
-    assert (r.status, r.evictions, r.eager_evictions, r.remats, r.total_compute) == ("ok", 1, 1, 0, 15)
+    assert (r.status, r.evictions, r.eager_evictions, r.remats, r.total_compute) == (ReplayStatus.OK, 1, 1, 0, 15)
 
 
 def test_small_percent_budget(data_dir):
@@ -53,7 +74,7 @@ def test_small_percent_budget(data_dir):
 def test_small_below_minimum_is_oom_with_needed(data_dir):
     # g(a, d) needs w + a + d + e = 35 resident at once.
     r = replay(data_dir / "small.jsonl", "eqclass", 30)
-    assert r.status == "oom"
+    assert r.status == ReplayStatus.OOM
     assert r.needed_bytes == 35
     assert r.failed_line == 9
 
@@ -68,9 +89,9 @@ def test_small_below_minimum_is_oom_with_needed(data_dir):
 @pytest.mark.parametrize("name", ["views.jsonl", "views.simrd.log"])
 def test_views_mutation_copies(data_dir, name):
     r = replay(data_dir / name, "eqclass", None)
-    assert (r.status, r.peak_bytes, r.base_compute, r.evictions, r.eager_evictions) == ("ok", 240, 6.5, 0, 0)
+    assert (r.status, r.peak_bytes, r.base_compute, r.evictions, r.eager_evictions) == (ReplayStatus.OK, 240, 6.5, 0, 0)
     oom = replay(data_dir / name, "eqclass", 200)
-    assert (oom.status, oom.needed_bytes) == ("oom", 240)
+    assert (oom.status, oom.needed_bytes) == (ReplayStatus.OOM, 240)
 
 
 def test_records_are_typed_and_complete(data_dir):
@@ -324,7 +345,7 @@ def test_eqclass_split_stays_exact_along_a_chain_and_under_a_budget():
     assert [c.resident(c.storage_of(t)) for t in xs] == [True] * 4 + [False] * 3 + [True]
     assert c.neighbourhood_cost(s7) == 18.0 == c.neighbourhood_cost(c.storage_of(xs[3]))
     assert c.neighbourhood_cost(c.storage_of(xs[2])) == 0.0
-    c._core.budget = 60  # 50 resident: the next 30 bytes evict at least two links
+    c.set_budget(60)  # 50 resident: the next 30 bytes evict at least two links
     c.call([w], [30], [-1], 1.0)
     c.check()
     assert c.counters["evictions"] >= 2
@@ -544,3 +565,15 @@ def test_a_recomputation_brings_back_the_input_that_recurses_first(deep_first):
     c.check()
     assert c.defined(h) and c.counters["memory"] <= 30
     assert sorted(seen) == list(range(1, 18))  # h_0, then p_t and h_t for each step: each once
+
+
+def test_facade_forwards_nothing_it_does_not_name():
+    """Core's surface is explicit: the old pass-through names (score, the hooks) and unknown ones raise."""
+    c = Core("lru", budget=100)
+    (t,) = c.call([c.constant(4)], [8], [-1], 1.0)
+    assert (c.storage_of(t), c.resident(c.storage_of(t)), c.num_storages, c.pool_size) == (1, True, 2, 1)
+    for name in ("score", "on_evict", "on_compute", "on_pin", "no_such_query"):
+        with pytest.raises(AttributeError):
+            getattr(c, name)
+    with pytest.raises(AttributeError):  # a hook set here would be silently ignored: set_hooks sets them
+        c.on_evict = print

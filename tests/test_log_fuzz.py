@@ -26,6 +26,7 @@ import sys
 import pytest
 
 from dtr.cli import main
+from dtr.core import ReplayStatus
 from dtr.errors import LogFormatError
 from dtr.sim.logs import read_log
 
@@ -200,7 +201,7 @@ def _check_figures(d: dict, path: pathlib.Path):
     assert biggest <= d["baseline_peak_bytes"] < 2**63
     if not log.meta.get("free_dead_constants"):  # then every constant stays resident to the end
         assert constants <= d["baseline_peak_bytes"]
-        if d["status"] == "ok":
+        if d["status"] == ReplayStatus.OK:
             assert d["constant_bytes"] == constants
     assert 0 <= d["peak_bytes"] < 2**63
     for k in ("base_compute", "total_compute", "remat_compute", "overhead"):

@@ -7,6 +7,7 @@ from dataclasses import replace
 import pytest
 
 from dtr.cli import main
+from dtr.core import ReplayStatus
 from dtr.errors import DtrError
 from dtr.sim import chain_log, parse_text, replay
 from dtr.sim.chain import chain_budget
@@ -41,13 +42,15 @@ def rows(tmp_path_factory):
 def test_last_ok_ratio_walks_down_from_the_top(rows):
     small = [r for r in rows if r.model.startswith("hand-made") and r.heuristic == "eqclass"]
     ratio, why = last_ok_ratio(small)
-    ok = sorted(r.budget_ratio for r in small if r.status == "ok")
-    assert why == "oom" and ratio == min(ok)
+    ok_ratios = sorted(r.budget_ratio for r in small if r.status == ReplayStatus.OK)
+    assert why == ReplayStatus.OOM and ratio == min(ok_ratios)
+
     def mk(x, s):
         return replace(small[0], budget_ratio=x, status=s)
-    assert last_ok_ratio([mk(1.0, "ok"), mk(0.5, "ok"), mk(0.4, "thrash"), mk(0.3, "ok")]) == (0.5, "thrash")
-    assert last_ok_ratio([mk(1.0, "ok"), mk(0.5, "ok")]) == (None, None)
-    assert last_ok_ratio([mk(1.0, "oom")]) == (None, None)
+    ok, oom, thrash = ReplayStatus.OK, ReplayStatus.OOM, ReplayStatus.THRASH
+    assert last_ok_ratio([mk(1.0, ok), mk(0.5, ok), mk(0.4, thrash), mk(0.3, ok)]) == (0.5, thrash)
+    assert last_ok_ratio([mk(1.0, ok), mk(0.5, ok)]) == (None, None)
+    assert last_ok_ratio([mk(1.0, oom)]) == (None, None)
 
 
 def test_shading_uses_the_largest_figures_seen(rows):
@@ -126,7 +129,7 @@ def test_chain_trace_agrees_with_the_replay(heuristic, budget):
     tr = chain_trace(n, heuristic, budget)
     b = chain_budget(n, budget)
     res = replay(parse_text(chain_log(n)), heuristic, b, banish=True, thrash_limit=math.inf)
-    assert tr.extra_compute == res.total_compute - res.base_compute and tr.status == res.status == "ok"
+    assert tr.extra_compute == res.total_compute - res.base_compute and tr.status == res.status == ReplayStatus.OK
     # one column per computation: 2n + 1 first computations plus the recomputations
     assert tr.steps == 2 * n + 1 + tr.extra_compute
     # never more resident than the budget; and the budget is used at some point
@@ -142,7 +145,7 @@ def test_generic_memory_trace_labels_storages(data_dir):
     from dtr.sim import read_log
     log = read_log(data_dir / "small.jsonl")
     tr = memory_trace(log, "eqclass", 35)
-    assert "a" in tr.rows and tr.status == "ok"
+    assert "a" in tr.rows and tr.status == ReplayStatus.OK
     # constants are core ops too: one step each
     ops = sum(1 for r in log.records() if r.kind in ("constant", "call", "mutate"))
     assert tr.steps == ops + replay(log, "eqclass", 35).remats
@@ -152,4 +155,4 @@ def test_chain_scaling_matches_the_cli_chain():
     pts = chain_scaling([64, 256], ["dtr"], "sqrt")
     assert [p.budget for p in pts] == [16, 32]
     for p in pts:
-        assert p.status == "ok" and 0 < p.extra_compute <= 1.1 * p.n
+        assert p.status == ReplayStatus.OK and 0 < p.extra_compute <= 1.1 * p.n

@@ -9,6 +9,7 @@ import re
 
 import pytest
 
+from dtr.core import ReplayStatus
 from dtr.sim import read_log, replay
 from dtr.sim.replay import baseline
 
@@ -72,8 +73,8 @@ def test_matches_reference_simulator(reference, name, heuristic):
         if lname != name or h != heuristic:
             continue
         r = replay(log, heuristic, int(peak * ratio), thrash_limit=2.0, baseline_peak=peak)
-        if ref_status == "ok":
-            assert r.status == "ok", (name, heuristic, ratio, r.status)
+        if ref_status == ReplayStatus.OK:
+            assert r.status == ReplayStatus.OK, (name, heuristic, ratio, r.status)
             assert r.overhead <= ref_overhead * 1.02 + 1e-3, (name, heuristic, ratio, r.overhead, ref_overhead)
         checked += 1
     assert checked >= 6

@@ -18,6 +18,7 @@ import dtr  # noqa: E402
 _storage = torch._C.TensorBase.untyped_storage
 from torch.utils._python_dispatch import _disable_current_modes  # noqa: E402
 
+from dtr.core import ReplayStatus  # noqa: E402
 from dtr.runtime.mode import _SWAP  # noqa: E402
 from dtr.sim import replay  # noqa: E402
 
@@ -252,7 +253,7 @@ def test_recorded_log_replays_to_the_same_decisions(tmp_path, name, heuristic):
     # The replay reads these semantics from the meta line.
     assert meta["eqclass_split"] is True and meta["keep_needed"] is True and meta["deep_first"] is True
     r = replay(path, heuristic, limit, thrash_limit=float("inf"))
-    assert r.status == "ok"
+    assert r.status == ReplayStatus.OK
     assert (r.evictions, r.remats, r.peak_bytes) == (b.stats["evictions"], b.stats["remats"], b.stats["peak_bytes"])
 
 
@@ -547,7 +548,7 @@ def test_a_dropped_constant_is_kept_rather_than_pinning_what_needs_it(tmp_path):
         assert b.stats["memory_bytes"] == 4 * n  # c went with the last thing that needed it
     assert got == ref_sums.tolist()
     r = replay(path, "eqclass", limit)  # the log has the protect and release where they happened
-    assert (r.status, r.evictions, r.remats) == ("ok", b.stats["evictions"], b.stats["remats"])
+    assert (r.status, r.evictions, r.remats) == (ReplayStatus.OK, b.stats["evictions"], b.stats["remats"])
 
 
 def test_a_constant_write_does_not_bring_back_what_the_program_dropped():
@@ -620,7 +621,7 @@ def test_a_write_that_also_reads_its_target_is_one_write(tmp_path, write):
     assert b.stats["remats"] > 0
     assert torch.equal(got, want)
     r = replay(tight, "eqclass", n * 5, thrash_limit=float("inf"))  # the simulator agrees
-    assert (r.status, r.evictions, r.remats) == ("ok", b.stats["evictions"], b.stats["remats"])
+    assert (r.status, r.evictions, r.remats) == (ReplayStatus.OK, b.stats["evictions"], b.stats["remats"])
 
 
 def test_flops_cost_model_uses_torch_flop_formulas():

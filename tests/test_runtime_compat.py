@@ -26,6 +26,7 @@ import dtr  # noqa: E402
 
 # Storage introspection that does not count as the program's memory escaping (dtr/runtime/escapes.py).
 _storage = torch._C.TensorBase.untyped_storage
+from dtr.core import ReplayStatus  # noqa: E402
 from dtr.sim import replay  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(__file__))
@@ -377,7 +378,7 @@ def test_one_block_over_steps_replays_to_the_same_decisions(tmp_path):
             train_one(model, opt, data, step)
     assert '"collect"' in path.read_text()  # the GC ran (12 steps are over 1,200 ops)
     r = replay(path, "eqclass", limit, thrash_limit=float("inf"))
-    assert r.status == "ok"
+    assert r.status == ReplayStatus.OK
     assert (r.evictions, r.remats, r.peak_bytes) == (b.stats["evictions"], b.stats["remats"], b.stats["peak_bytes"])
     assert r.evictions > 0
 

@@ -9,7 +9,7 @@ import pytest
 from test_stress import random_log, with_collects, with_inplace
 
 from dtr.cli import main
-from dtr.core import replay_program
+from dtr.core import ReplayStatus, replay_program
 from dtr.sim import parse_text, read_log
 from dtr.sim.chain import chain_log
 from dtr.sim.compare import compare
@@ -30,7 +30,7 @@ def _agree(log, fracs=(None, 0.8, 0.5, 0.3), thrash=4.0):
         b = None if frac is None else int(peak * frac)
         for h in HEURISTICS:
             ex = export_schedule(log, h, b, thrash_limit=thrash, graph=g)
-            if ex.status != "ok":
+            if ex.status != ReplayStatus.OK:
                 continue
             ev = evaluate(g, ex.schedule.steps, b)
             assert ev.valid, (log.path, frac, h, ev.error)
@@ -152,7 +152,7 @@ def test_graph_follows_the_core_on_runtime_features(data_dir):
     assert len(g.op_overwrites[mul]) == 1 and g.op_kind[mul] == "mutate"
     # a run under no budget numbers everything as the graph (export checks operators and storages)
     ex = export_schedule(_rt_log(data_dir), "eqclass", None, graph=g)
-    assert ex.status == "ok" and evaluate(g, ex.schedule.steps).valid
+    assert ex.status == ReplayStatus.OK and evaluate(g, ex.schedule.steps).valid
 
 
 def test_export_agrees_on_runtime_features(data_dir):

@@ -7,6 +7,7 @@ import random
 
 import pytest
 
+from dtr.core import ReplayStatus
 from dtr.sim import parse_text, replay
 
 
@@ -64,24 +65,24 @@ def test_random_logs_keep_invariants(heuristic, banish, keep_needed):
         log = parse_text(random_log(seed), path=f"<random {seed}>")
         semantics = log.semantics.replace(keep_needed=keep_needed)
         base = replay(log, heuristic, None, check=True, banish=banish, semantics=semantics)
-        assert base.status == "ok" and base.evictions == 0
+        assert base.status == ReplayStatus.OK and base.evictions == 0
         for frac in (0.8, 0.5, 0.3):
             r = replay(log, heuristic, int(base.peak_bytes * frac), thrash_limit=4, check=True, banish=banish,
                        seed=seed, baseline_peak=base.peak_bytes, semantics=semantics)
             statuses.add(r.status)
             assert r.peak_bytes <= r.budget_bytes
-            if r.status == "ok":
+            if r.status == ReplayStatus.OK:
                 assert r.total_compute >= r.base_compute
-            if r.status == "oom":
+            if r.status == ReplayStatus.OOM:
                 assert r.needed_bytes > r.budget_bytes
-    assert "ok" in statuses and "oom" in statuses  # the generator reaches both outcomes
+    assert ReplayStatus.OK in statuses and ReplayStatus.OOM in statuses  # the generator reaches both outcomes
 
 
 def test_sampling_still_valid():
     log = parse_text(random_log(7, steps=400))
     base = replay(log, "eqclass", None)
     r = replay(log, "eqclass", int(base.peak_bytes * 0.6), sample=4, check=True, thrash_limit=10)
-    assert r.status in ("ok", "oom", "thrash") and r.peak_bytes <= r.budget_bytes
+    assert r.status in (ReplayStatus.OK, ReplayStatus.OOM, ReplayStatus.THRASH) and r.peak_bytes <= r.budget_bytes
 
 
 def with_inplace(text: str, seed: int) -> str:
@@ -150,7 +151,7 @@ def runtime_like_pairs(heuristic, option, **semantics):
                          path=f"<random {seed}>")
         with_option = {on: log.semantics.replace(**switches, **{option: on}) for on in (True, False)}
         base = replay(log, heuristic, None, check=True, semantics=with_option[True])
-        assert base.status == "ok" and base.evictions == 0
+        assert base.status == ReplayStatus.OK and base.evictions == 0
         for frac in (0.7, 0.45, 0.3):
             budget = int(base.peak_bytes * frac)
             yield tuple(replay(log, heuristic, budget, thrash_limit=6, seed=seed, baseline_peak=base.peak_bytes,
@@ -178,7 +179,7 @@ def test_deepest_input_first_keeps_invariants(heuristic):
     for runs in runtime_like_pairs(heuristic, "deep_first", inplace_handover=True):
         for r in runs:
             assert r.peak_bytes <= r.budget_bytes
-            if r.status == "oom":
+            if r.status == ReplayStatus.OOM:
                 assert r.needed_bytes > r.budget_bytes
         changed += (runs[0].status, runs[0].remats, runs[0].evictions) != \
             (runs[1].status, runs[1].remats, runs[1].evictions)

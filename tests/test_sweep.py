@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from dtr.cli import main
+from dtr.core import ReplayStatus
 from dtr.errors import DtrError
 from dtr.heuristics import get_heuristic, heuristic_names
 from dtr.sim import chain_log, replay
@@ -64,7 +65,7 @@ def test_rows_equal_single_replays(data_dir):
         d = r.to_dict()
         assert {k: d[k] for k in single} == single
         assert r.model == "hand-made five-op chain" and r.log == path
-    assert rows[0].status == "oom" and rows[2].status == "ok" and rows[2].evictions == 0
+    assert rows[0].status == ReplayStatus.OOM and rows[2].status == ReplayStatus.OK and rows[2].evictions == 0
 
 
 def test_row_fields_are_the_replay_fields_plus_sweep_columns():
@@ -138,10 +139,10 @@ def test_published_log_sweep_keeps_the_paper_ordering(simrd_logs):
     # transformer at 30%: dtr and eqclass well below local, lru thrashes (simrd Figure 4's ordering).
     rows = sweep([str(simrd_logs / "transformer.log.gz")], "dtr,eqclass,local,lru", "0.3", thrash_limit=2, jobs=2)
     by = {r.heuristic: r for r in rows}
-    assert by["dtr"].status == by["eqclass"].status == by["local"].status == "ok"
+    assert by["dtr"].status == by["eqclass"].status == by["local"].status == ReplayStatus.OK
     assert abs(by["dtr"].overhead / by["eqclass"].overhead - 1) < 0.02
     assert by["eqclass"].overhead < by["local"].overhead - 0.2
-    assert by["lru"].status == "thrash"
+    assert by["lru"].status == ReplayStatus.THRASH
 
 
 # -- CLI ---------------------------------------------------------------------

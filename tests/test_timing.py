@@ -77,7 +77,7 @@ def test_set_cost_of_evicted_storages_keeps_eqclass_components_consistent():
     c.set_cost(c.op_of(ts[2]), 11.0)  # x2 is evicted: its component's value follows
     c.check()
     assert c.neighbourhood_cost(s[1]) == c.neighbourhood_cost(s[4]) == 12.0
-    c._core.budget = 1000
+    c.set_budget(1000)
     remats = c.counters["remat_compute"]
     c.require(ts[2])  # x2 comes back at its new cost and leaves the component
     assert c.counters["remat_compute"] == remats + 11.0

@@ -14,6 +14,7 @@ from torch.utils._pytree import tree_leaves  # noqa: E402
 import dtr  # noqa: E402
 from dtr import zoo  # noqa: E402
 from dtr.cli import main  # noqa: E402
+from dtr.core import ReplayStatus  # noqa: E402
 from dtr.sim import replay  # noqa: E402
 
 LOGS = pathlib.Path(__file__).resolve().parents[1] / "logs"
@@ -165,7 +166,7 @@ def test_record_writes_a_log_that_replays_and_updates_the_manifest(tmp_path, cap
     assert entry["shapes"]["d_model"] == 16 and entry["bytes"] == out.stat().st_size
     assert entry["lines"] == sum(1 for _ in gzip.open(out, "rt"))
     r = replay(out, "eqclass", "50%")
-    assert r.status in ("ok", "thrash", "oom") and r.baseline_peak_bytes == entry["peak_bytes"]
+    assert r.status in (ReplayStatus.OK, ReplayStatus.THRASH, ReplayStatus.OOM) and r.baseline_peak_bytes == entry["peak_bytes"]
     # Flops-costed recording is deterministic: the same command writes the same log.
     first = gzip.open(out, "rt").read()
     assert main(argv) == 0
@@ -223,5 +224,5 @@ def test_committed_logs_cover_the_zoo_and_the_manifest():
 def test_committed_log_replays(path):
     manifest = json.loads((LOGS / "MANIFEST.json").read_text())["logs"]
     r = replay(path, "eqclass", "100%")
-    assert r.status == "ok" and r.evictions == 0
+    assert r.status == ReplayStatus.OK and r.evictions == 0
     assert r.baseline_peak_bytes == manifest[path.name]["peak_bytes"]

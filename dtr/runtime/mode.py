@@ -136,7 +136,7 @@ _SEEDED = torch.Tag.nondeterministic_seeded  # a random op: its generator state 
 # Graph GC (collect, every few hundred ops) drops the recipes of ops the core
 # will never run again and the buffers of storages it will never need again;
 # the core marks them collected (Note [Collection and compaction] in
-# csrc/core.cpp). Once more than half of the core's storages were collected
+# csrc/core_compact.cpp). Once more than half of the core's storages were collected
 # since the last compaction, the core drops them from its tables and
 # renumbers what is left; every core id held here (recipes and their slots,
 # buffers, handles, versions, liveness) goes through the maps it returns.

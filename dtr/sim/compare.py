@@ -6,6 +6,7 @@ import time
 from dataclasses import asdict, dataclass
 from typing import List, Optional, Sequence, Union
 
+from dtr.core import ReplayStatus
 from dtr.sim.graph import Graph, PlanGraphError, graph_from_log, plan_graph
 from dtr.sim.logs import Log, read_log
 
@@ -143,9 +144,9 @@ def compare(log: Union[Log, str], budgets: Sequence[int], planners: Sequence[str
                                        time.perf_counter() - t0, None, str(e)))
                 continue
             dt = time.perf_counter() - t0
-            if ex.status == "ok":
+            if ex.status == ReplayStatus.OK:
                 ev = evaluate(g, ex.schedule.steps, b)
-                rows.append(CompareRow(h, "dtr", b, ratio, "ok", ev.valid, ev.peak_bytes, ev.total_compute, base,
+                rows.append(CompareRow(h, "dtr", b, ratio, ex.status, ev.valid, ev.peak_bytes, ev.total_compute, base,
                                        ev.overhead, dt, None, "" if ev.valid else str(ev.error)))
             else:
                 rows.append(CompareRow(h, "dtr", b, ratio, ex.status, None, ex.peak_bytes, ex.total_compute, base,

@@ -14,13 +14,15 @@ import zlib
 from dataclasses import dataclass
 from typing import Iterator, List, NamedTuple, Optional, Tuple
 
-from dtr.core import Program, RawLogError, parse_program
+from dtr.core import InstrKind, Program, RawLogError, parse_program
 from dtr.errors import LogFormatError
 from dtr.semantics import SIMRD, Semantics
 
 __all__ = ["Log", "Record", "read_log", "read_bytes", "parse_text", "KINDS"]
 
-KINDS = ("constant", "call", "mutate", "copy", "copyfrom", "release", "pin", "protect", "collect")
+#: A Record's kinds, indexed by InstrKind: "constant", "call", "mutate", "copy", "copyfrom",
+#: "release", "pin", "protect", "collect".
+KINDS = tuple(InstrKind(k).name.lower() for k in range(len(InstrKind)))
 
 
 class Record(NamedTuple):

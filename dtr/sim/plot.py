@@ -18,6 +18,7 @@ import os
 from collections import OrderedDict
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from dtr.core import ReplayStatus
 from dtr.errors import DtrError
 from dtr.heuristics import COST_MODES, Heuristic, get_heuristic
 
@@ -122,7 +123,7 @@ def last_ok_ratio(rows) -> Tuple[Optional[float], Optional[str]]:
     ordered = sorted(rows, key=lambda r: -r.budget_ratio)
     last = None
     for r in ordered:
-        if r.status != "ok":
+        if r.status != ReplayStatus.OK:
             return (last, r.status) if last is not None else (None, None)
         last = r.budget_ratio
     return None, None
@@ -155,7 +156,7 @@ def _series(rows, value):
     """x, y over ratios with NaN for runs that did not finish (the line breaks there)."""
     rows = sorted(rows, key=lambda r: r.budget_ratio)
     xs = [r.budget_ratio for r in rows]
-    ys = [value(r) if r.status == "ok" else float("nan") for r in rows]
+    ys = [value(r) if r.status == ReplayStatus.OK else float("nan") for r in rows]
     return xs, ys
 
 
@@ -228,7 +229,7 @@ def plot_overhead(rows, path, *, title: Optional[str] = None, ncols: int = 3) ->
             top = max([top] + [y for y in ys if y == y])
             ratio, why = last_ok_ratio(hrows)
             if ratio is not None:
-                ax.axvline(ratio, color=c, lw=1.3, ls="--" if why == "thrash" else ":", alpha=0.9, zorder=2)
+                ax.axvline(ratio, color=c, lw=1.3, ls="--" if why == ReplayStatus.THRASH else ":", alpha=0.9, zorder=2)
         xmax = max(1.0, max(r.budget_ratio for r in lrows))
         ax.set_xlim(0, xmax + 0.02)
         cap = limit if math.isfinite(limit) else top
@@ -374,8 +375,8 @@ def plot_chain_scaling(points, path, *, title: Optional[str] = None) -> None:
         ns = sorted({p.n for p in pts})
         for h in order:
             hp = sorted((p for p in pts if p.heuristic == h), key=lambda p: p.n)
-            ok = [(p.n, max(p.extra_compute, 1)) for p in hp if p.status == "ok"]
-            bad = [(p.n, max(p.extra_compute, 1)) for p in hp if p.status != "ok"]
+            ok = [(p.n, max(p.extra_compute, 1)) for p in hp if p.status == ReplayStatus.OK]
+            bad = [(p.n, max(p.extra_compute, 1)) for p in hp if p.status != ReplayStatus.OK]
             c = _color(h, order)
             if ok:
                 ax.plot(*zip(*ok), "-", marker=_marker(h), color=c, ms=4.5, lw=1.6, label=h,

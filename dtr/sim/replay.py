@@ -7,7 +7,7 @@ import re
 from dataclasses import asdict, dataclass
 from typing import Optional, Union
 
-from dtr.core import replay_program
+from dtr.core import ReplayStatus, replay_program
 from dtr.errors import BudgetError
 from dtr.heuristics import Heuristic, get_heuristic
 from dtr.semantics import Semantics, check_thrash_limit
@@ -169,14 +169,14 @@ def replay(log: Union[Log, str, os.PathLike], heuristic: Union[Heuristic, str] =
                          semantics=log.semantics if semantics is None else semantics)
     base = raw["base_total"]
     total = raw["base_compute"] + raw["remat_compute"]
-    failed = raw["status"] != "ok"
+    failed = raw["status"] != ReplayStatus.OK
     return ReplayResult(
         log=log.path, heuristic=h.name, budget_bytes=budget_bytes, baseline_peak_bytes=baseline_peak,
         peak_bytes=raw["peak_memory"], base_compute=base, total_compute=total,
         remat_compute=raw["remat_compute"], overhead=total / base if base > 0 else 1.0,
         evictions=raw["evictions"], eager_evictions=raw["eager_evictions"], remats=raw["remats"],
         storage_accesses=raw["storage_accesses"], status=raw["status"],
-        needed_bytes=raw["needed_bytes"] if raw["status"] == "oom" else None,
+        needed_bytes=raw["needed_bytes"] if raw["status"] == ReplayStatus.OOM else None,
         failed_line=raw["failed_line"] if failed else None,
         constant_bytes=raw["constant_bytes"], largest_op_bytes=raw["largest_op_bytes"],
         thrash_limit=thrash_limit, cost_unit=log.cost_unit)

@@ -12,6 +12,7 @@ import math
 from dataclasses import dataclass
 from typing import Dict, Iterable, List, Sequence, Tuple, Union
 
+from dtr.core import TraceEvent
 from dtr.heuristics import Heuristic, get_heuristic
 
 __all__ = ["MemoryTrace", "ChainPoint", "memory_trace", "chain_trace", "chain_scaling",
@@ -19,8 +20,9 @@ __all__ = ["MemoryTrace", "ChainPoint", "memory_trace", "chain_trace", "chain_sc
 
 EMPTY, RESIDENT, GRADIENT = 0, 1, 2
 
-# Event kinds of dtr.core.replay_program(..., trace=True).
-_COMPUTED, _RECOMPUTED, _EVICTED, _FREED = 0, 1, 2, 3
+# Event kinds of dtr.core.replay_program(..., trace=True) that make storages resident, and that free them.
+_MADE = (TraceEvent.COMPUTED, TraceEvent.RECOMPUTED)
+_GONE = (TraceEvent.EVICTED, TraceEvent.FREED)
 
 
 @dataclass(frozen=True)
@@ -75,9 +77,9 @@ class ChainPoint:
 
 # Note [Rebuilding residency from the core's trace]
 # ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-# The core reports events, not states: (0, op) computed, (1, op) recomputed,
-# (2, storage) evicted by the heuristic, (3, storage) freed (or banished) at its
-# last release. Every computation is one time step (one column); the column is
+# The core reports events, not states (TraceEvent): (COMPUTED, op),
+# (RECOMPUTED, op), (EVICTED, storage) by the heuristic, (FREED, storage) at its
+# last release, collected or banished. Every computation is one time step (one column); the column is
 # the set of resident storages right after that computation, so evictions made
 # to fit it are already visible and frees that follow it show in the next
 # column. A (re)computed op makes every storage it allocates resident again
@@ -103,12 +105,12 @@ def _residency(raw) -> Tuple[List[List[int]], int]:
     spans: List[List[int]] = [[] for _ in raw["storage_op"]]
     step = 0
     for kind, ident in raw["trace"]:
-        if kind in (_COMPUTED, _RECOMPUTED):
+        if kind in _MADE:
             resident.update(op_storages.get(ident, ()))
             for s in resident:
                 spans[s].append(step)
             step += 1
-        elif kind in (_EVICTED, _FREED):
+        elif kind in _GONE:
             resident.discard(ident)
     return spans, step
 

@@ -1,0 +1,321 @@
+// core_materialize.cpp - (re)materialization: require, pin, protect, the explicit-stack recursion
+// that recomputes evicted inputs, and computing an op.
+#include "core_internal.h"
+
+namespace dtr {
+
+// ---------------------------------------------------------------------------
+// (Re)materialization
+
+void Core::require(int t) {
+  check_alive_input(t, "require");
+  if (!tensors_.at(t).defined) materialize(t, /*remat=*/true);
+}
+
+void Core::pin(int t) {
+  require(t);
+  Storage& s = storages_[tensors_[t].storage];
+  if (s.pinned) return;
+  lock(tensors_[t].storage);
+  s.pinned = true;
+  if (on_pin) on_pin(tensors_[t].storage);
+}
+
+// Note [Protecting a constant]
+// Before a constant C is overwritten in place (or freed: free_dead_constants),
+// nothing that may still be computed may need C's old value. protect(C) walks
+// the storages computed from C and, for each one still referenced, makes its
+// referenced tensors defined and pins the storage, so that none of them is
+// recomputed again. The walk stops at a constant none of whose tensors is
+// undefined (its tensors stay as they are), but not at a constant with an
+// undefined tensor: that tensor (a view, as the storage came back through
+// its root) is recomputed by rerunning its op, which reads that op's inputs,
+// not only the storage it views (as in try_banish() and collect()). So pinning
+// a target's root is not enough either: a referenced view of it that is
+// undefined is brought back too, while C still holds its old value. Otherwise
+// requiring that view later recomputes from C's new value (a wrong result),
+// or, once a dead constant was freed, reaches its banished storage (which
+// cannot be locked). The walk is storage-level, like the rest of the core: it
+// may bring back a view whose op does not read C.
+
+std::vector<int> Core::protect_targets(int sid) {
+  // Walk the storages computed from `sid` (not through constants all of whose
+  // tensors are defined; see Note [Protecting a constant]): every one still
+  // referenced must not need `sid`'s old value again. A storage of no
+  // bytes loses no value when it goes (and is never freed: see release()):
+  // pinning what was computed from it pinned, in Hugging Face's GPT-2, every
+  // activation downstream of its KV cache, which starts as an empty tensor.
+  std::vector<int> live;
+  if (storages_.at(sid).size == 0) return live;
+  std::vector<int> stack(storages_[sid].dependents);
+  const uint64_t mark = ++stamp_;
+  auto complete = [&](const Storage& s) {
+    for (int t : s.tensors)
+      if (!tensors_[t].defined) return false;
+    return true;
+  };
+  while (!stack.empty()) {
+    int d = stack.back();
+    stack.pop_back();
+    Storage& s = storages_[d];
+    if (s.mark == mark || s.banished || (s.pinned && complete(s))) continue;
+    s.mark = mark;
+    if (s.refs > 0) live.push_back(d);
+    for (int n : s.dependents) stack.push_back(n);
+  }
+  return live;
+}
+
+void Core::protect(int sid) {
+  for (int d : protect_targets(sid)) {
+    if (!storages_[d].pinned) pin(storages_[d].root);
+    const std::vector<int> tensors = storages_[d].tensors;
+    for (int t : tensors)
+      if (tensors_[t].refs > 0 && !tensors_[t].defined) require(t);
+  }
+}
+
+// Note [Rematerialization order and the explicit stack]
+// To materialize tensor t (simrd section 4.4): stamp the access time of all
+// its inputs' storages, lock the inputs that are defined, then rematerialize
+// the undefined ones in input order (each is locked once it is back), make room
+// for the outputs, compute, and unlock the inputs. Chains of evicted tensors
+// can be arbitrarily long (100k in tests), so the recursion is an explicit
+// stack of frames rather than C++ recursion.
+
+void Core::touch_parents(int op_id) {
+  for (int p : ops_[op_id].inputs) {
+    storages_[tensors_[p].storage].last_access = clock_;
+    bt_touch(tensors_[p].storage);
+  }
+}
+
+// Note [Deepest input first]
+// A frame holds every input it already has (locked) while it recomputes the
+// next pending one, so the order of the pending inputs decides how much is
+// held during a deep recursion. In a Python-loop LSTM, the gates of step t are
+// add(x_t @ W_x, h_{t-1} @ W_h): in input order the x projection (cheap, from
+// constants) comes back first and stays locked while the recursion walks back
+// through h_{t-1}, h_{t-2}, ... -- one such buffer per level, seven of them
+// (896 KiB of a 1.24 MiB budget) in tests/test_runtime_models.py's LSTM at 35%,
+// where the budget then ran out. As in Sethi-Ullman register allocation, the
+// input whose recomputation needs the most should come first. With
+// Config::deep_first (the runtime's semantics, recorded in its logs' meta
+// line), pending inputs whose own op has an evicted input (recomputing them
+// recurses) go before those computable at once, input order kept within each
+// group (a stable partition: O(inputs of the pending inputs), no search of
+// the graph). simrd recomputes in input order (its section 4.4); replays of
+// its logs keep that.
+bool Core::needs_recursion(int t) const {
+  for (int p : ops_[tensors_[t].op].inputs)
+    if (!tensors_[p].defined) return true;
+  return false;
+}
+
+// One level of materialize()'s explicit stack: tensor t is being (re)computed
+// once its pending inputs are back.
+struct Core::Frame {
+  int t;
+  bool remat;
+  std::vector<int> pending;  // inputs that were undefined when the frame began
+  size_t i;                  // pending[0, i) are back and locked
+  bool waiting;              // the child for pending[i] is on the stack
+  bool released = false;     // finish() gave its locks back
+};
+
+// A frame for tensor t: its inputs' storages are touched, the defined ones
+// locked, and the undefined ones are pending (Note [Deepest input first]).
+void Core::push_frame(std::vector<Frame>& stack, int t, bool remat) {
+  const Op& op = ops_[tensors_[t].op];
+  if (op.collected) throw std::logic_error("recomputing collected op " + std::to_string(tensors_[t].op));
+  touch_parents(tensors_[t].op);
+  storages_[tensors_[t].storage].wanted += 1;
+  Frame f{t, remat, {}, 0, false};
+  for (int p : op.inputs)
+    if (tensors_[p].defined) lock(tensors_[p].storage);
+  for (int p : op.inputs)
+    if (!tensors_[p].defined) f.pending.push_back(p);
+  if (cfg_.deep_first && f.pending.size() > 1)
+    std::stable_partition(f.pending.begin(), f.pending.end(), [&](int p) { return needs_recursion(p); });
+  stack.push_back(std::move(f));
+}
+
+void Core::materialize(int t0, bool remat0, bool stop_before_root) {
+  std::vector<Frame> stack;
+  push_frame(stack, t0, remat0);
+  try {
+    while (!stack.empty()) {
+      Frame& f = stack.back();
+      if (f.waiting) {  // pending[i] has just been rematerialized
+        lock(tensors_[f.pending[f.i]].storage);
+        f.waiting = false;
+        ++f.i;
+        continue;
+      }
+      if (f.i < f.pending.size()) {
+        int p = f.pending[f.i];
+        if (tensors_[p].defined) {  // a sibling's recomputation brought it back
+          lock(tensors_[p].storage);
+          ++f.i;
+        } else {
+          f.waiting = true;
+          push_frame(stack, p, true);  // invalidates f
+        }
+        continue;
+      }
+      const int t = f.t;
+      const bool remat = f.remat;
+      const int op_id = tensors_[t].op;
+      if (stop_before_root && stack.size() == 1) {  // begin_call: the driver runs the op itself
+        // (room first, with the frame still on the stack: if there is none, the catch below gives
+        // its locks back)
+        make_room(ops_[op_id].total_size - ops_[op_id].inplace_bytes);
+        stack.pop_back();
+        storages_[tensors_[t].storage].wanted -= 1;
+        return;
+      }
+      const int64_t handed = remat ? mark_handover(op_id) : 0;
+      make_room(ops_[op_id].total_size - handed);
+      compute(t, remat);
+      stack.back().released = true;
+      finish(op_id);  // (still wanted here: its unlocks must not free what it just computed)
+      stack.pop_back();
+      storages_[tensors_[t].storage].wanted -= 1;
+    }
+  } catch (...) {  // out of memory, thrashing or a failed recomputation
+    abandon_frames(stack);
+    throw;
+  }
+}
+
+// materialize() failed: each frame left on the stack gives back what it took.
+void Core::abandon_frames(const std::vector<Frame>& stack) {
+  // An old version handed over to a recomputation that did not finish lost its bytes (the driver
+  // moved them, and the op may have written them): it is evicted below, to be recomputed if needed.
+  std::vector<int> lost;
+  for (const Frame& f : stack)
+    for (int p : ops_[tensors_[f.t].op].inputs) {
+      Storage& s = storages_[tensors_[p].storage];
+      if (s.handed) lost.push_back(tensors_[p].storage);
+      s.handed = false;  // (before any unlock below can evict it: its bytes count as its own again)
+    }
+  // Each frame gives back the locks it took (finish() gave back its own already): the inputs that
+  // were defined when it began, and the pending ones that came back since.
+  for (auto it = stack.rbegin(); it != stack.rend(); ++it) {
+    const Frame& f = *it;
+    storages_[tensors_[f.t].storage].wanted -= 1;
+    if (f.released) continue;
+    std::vector<int> pend(f.pending);
+    for (int p : ops_[tensors_[f.t].op].inputs) {
+      auto u = std::find(pend.begin(), pend.end(), p);
+      if (u != pend.end()) pend.erase(u); else unlock(tensors_[p].storage);
+    }
+    for (size_t k = 0; k < f.i; ++k) unlock(tensors_[f.pending[k]].storage);
+  }
+  for (int sid : lost) {
+    const Storage& s = storages_[sid];
+    if (s.resident && s.locks == 0 && !s.pinned) evict(sid, /*by_heuristic=*/false);
+  }
+}
+
+// Note [Handing bytes over on recomputation]
+// The first run of an in-place write (x.relu_(), a dropout mask's div_) hands
+// the old version's bytes over to the new one (end_call). A recomputation
+// used to run it out of place: the old version came back, the new one was
+// allocated next to it and filled with a copy, and the old one stayed resident
+// until evicted, so recomputing a 16 MiB dropout mask took two buffers and a
+// copy where its first run took one. With Config::inplace_handover (the
+// runtime's semantics, recorded in its logs' meta line), a recomputation
+// hands over too, whenever nothing else can read the old version afterwards:
+// the program holds no reference to it (refs == 0), it is not pinned, and the
+// only lock on it is this op's single read of it (so no pending
+// recomputation needs it, and the op reads it once: as the buffer it
+// writes). Then room is made for the outputs less the handed bytes, the
+// memory counter grows by the same amount, and the old version is evicted
+// right after the op (finish), freeing nothing: its bytes are the new
+// version's. The driver sees Core::handed(s) during on_compute and moves the
+// buffer instead of copying it; a replay's trace reports the free before the
+// op, which is how a static schedule says "handed over" (Note [In-place writes
+// in a schedule] in dtr.sim.schedule). An old version needed later is
+// recomputed like any evicted storage.
+int64_t Core::mark_handover(int op_id) {
+  if (!cfg_.inplace_handover) return 0;
+  const Op& op = ops_[op_id];
+  int64_t bytes = 0;
+  for (size_t i = 0; i < op.outputs.size(); ++i) {
+    const int j = op.inplace_of[i];
+    if (j < 0) continue;
+    const int so_id = tensors_[op.inputs[j]].storage;
+    Storage& so = storages_[so_id];
+    const Storage& sn = storages_[tensors_[op.outputs[i]].storage];
+    if (sn.resident || sn.banished || so_id == tensors_[op.outputs[i]].storage) continue;
+    if (!so.resident || so.refs != 0 || so.pinned || so.locks != 1 || so.wanted != 0 || so.handed) continue;
+    so.handed = true;
+    bytes += so.size;
+  }
+  return bytes;
+}
+
+void Core::finish(int op_id) {
+  for (int p : ops_[op_id].inputs) unlock(tensors_[p].storage);
+  for (int p : ops_[op_id].inputs) {  // see Note [Handing bytes over on recomputation]
+    const int sid = tensors_[p].storage;
+    if (storages_[sid].handed && storages_[sid].resident) evict(sid, /*by_heuristic=*/false);
+  }
+  for (int p : ops_[op_id].inputs)  // an input waiting for its dependents to come back
+    if (storages_[tensors_[p].storage].banish_pending) try_banish(tensors_[p].storage);
+  if (c_.remat_compute > cfg_.remat_limit) throw Thrashing(c_.remat_compute, cfg_.remat_limit);
+}
+
+void Core::compute(int t, bool remat) {
+  const int op_id = tensors_[t].op;
+  const Op& op = ops_[op_id];
+  if (on_compute) on_compute(op_id, remat);
+  clock_ += op.cost;
+  if (remat) {
+    c_.remat_compute += op.cost;
+    c_.remats += 1;
+  } else {
+    c_.base_compute += op.cost;
+  }
+  int64_t handed = 0;  // see Note [Handing bytes over on recomputation]
+  if (remat)
+    for (int p : op.inputs)
+      if (storages_[tensors_[p].storage].handed) handed += storages_[tensors_[p].storage].size;
+  c_.memory += op.total_size - handed;
+  c_.peak_memory = std::max(c_.peak_memory, c_.memory);
+  int64_t working = op.total_size;
+  for (int p : op.inputs) working += ops_[tensors_[p].op].sizes[tensors_[p].index];
+  c_.largest_op_bytes = std::max(c_.largest_op_bytes, working);
+
+  // Outputs that were already defined are computed twice: the duplicate is freed.
+  for (int u : op.outputs)
+    if (tensors_[u].defined) c_.memory -= op.sizes[tensors_[u].index];
+  std::vector<int> fresh;  // storages that become resident now
+  for (int u : op.outputs) {
+    Storage& s = storages_[tensors_[u].storage];
+    if (s.banished) {  // a banished sibling is recomputed too, and freed at once
+      c_.memory -= op.sizes[tensors_[u].index];
+      continue;
+    }
+    if (!s.resident) {
+      s.resident = true;
+      fresh.push_back(tensors_[u].storage);
+    }
+    tensors_[u].defined = true;
+  }
+  for (int sid : fresh) {
+    bt_touch_nbrs(sid);  // it counts in no neighbour's bound any more (Note [Choosing without scanning])
+    after_remat(sid);
+    pool_add(sid);
+  }
+}
+
+void Core::after_remat(int sid) {
+  Storage& s = storages_[sid];
+  uf_leave(sid);
+  if (cfg_.cost == CostMode::Full) dirty_frontier(sid);
+  s.full_dirty = true;
+}
+
+}  // namespace dtr
