@@ -1,6 +1,6 @@
 # The two set-up-and-go commands (see README):
 #   make demo   - create .venv, install dtr, run a training step under budgets, and the simulator
-#   make test   - create .venv, install dtr with test extras, run the whole test suite
+#   make test   - create .venv, install dtr with test extras, lint and type-check, run the whole test suite
 PYTHON ?= python3
 VENV   ?= .venv
 PY      = $(VENV)/bin/python
@@ -8,7 +8,7 @@ PIP     = $(PY) -m pip
 # The CPU build of torch, pinned: an unpinned torch pulls a multi-GB CUDA build.
 TORCH  ?= torch==2.13.0
 
-.PHONY: venv demo test bench experiments clean
+.PHONY: venv demo lint test bench experiments clean
 
 $(VENV)/.installed: pyproject.toml setup.py $(wildcard csrc/*.cpp csrc/*.h)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -27,7 +27,13 @@ demo: venv
 	@echo
 	$(VENV)/bin/dtr-sim replay logs/gpt.jsonl.gz --budget 50%
 
-test: venv
+# ruff (style, imports, likely bugs), mypy over dtr/, and mypy's stubtest: dtr/_C.pyi against the built extension.
+lint: venv
+	$(PY) -m ruff check .
+	$(PY) -m mypy
+	$(PY) -m mypy.stubtest dtr._C --allowlist stubtest_allowlist.txt
+
+test: lint
 	$(PY) -m pytest -q
 
 bench: venv

@@ -156,6 +156,19 @@ PYBIND11_MODULE(_C, m) {
       .finalize();
   m.attr("ReplayStatus") = replay_status_enum(m);
 
+  py::class_<Semantics>(m, "Semantics")
+      .def(py::init([](bool free_dead_constants, bool keep_needed, bool eqclass_split, bool inplace_handover,
+                       bool deep_first) {
+             return Semantics{free_dead_constants, keep_needed, eqclass_split, inplace_handover, deep_first};
+           }),
+           py::arg("free_dead_constants") = false, py::arg("keep_needed") = false, py::arg("eqclass_split") = false,
+           py::arg("inplace_handover") = false, py::arg("deep_first") = false)
+      .def_readwrite("free_dead_constants", &Semantics::free_dead_constants)
+      .def_readwrite("keep_needed", &Semantics::keep_needed)
+      .def_readwrite("eqclass_split", &Semantics::eqclass_split)
+      .def_readwrite("inplace_handover", &Semantics::inplace_handover)
+      .def_readwrite("deep_first", &Semantics::deep_first);
+
   py::class_<Config>(m, "Config")
       .def(py::init<>())
       .def_readwrite("budget", &Config::budget)
@@ -168,11 +181,7 @@ PYBIND11_MODULE(_C, m) {
       .def_readwrite("banish", &Config::banish)
       .def_readwrite("seed", &Config::seed)
       .def_readwrite("sample", &Config::sample)
-      .def_readwrite("free_dead_constants", &Config::free_dead_constants)
-      .def_readwrite("keep_needed", &Config::keep_needed)
-      .def_readwrite("eqclass_split", &Config::eqclass_split)
-      .def_readwrite("inplace_handover", &Config::inplace_handover)
-      .def_readwrite("deep_first", &Config::deep_first)
+      .def_readwrite("semantics", &Config::semantics)
       .def_readwrite("remat_limit", &Config::remat_limit);
 
   py::class_<Core>(m, "Core")
@@ -273,11 +282,11 @@ PYBIND11_MODULE(_C, m) {
 
   m.def(
       "replay",
-      [](const Program& prog, const Config& cfg, double thrash_limit, bool check, bool trace) {
+      [](const Program& prog, const Config& cfg, bool check, bool trace) {
         ReplayResult r;
         {
           py::gil_scoped_release nogil;
-          r = replay(prog, cfg, thrash_limit, check, trace);
+          r = replay(prog, cfg, check, trace);
         }
         py::dict d = counters_dict(r.counters);
         d["status"] = status_name(r.status);
@@ -293,7 +302,7 @@ PYBIND11_MODULE(_C, m) {
         }
         return d;
       },
-      py::arg("program"), py::arg("config"), py::arg("thrash_limit"), py::arg("check") = false,
+      py::arg("program"), py::arg("config"), py::arg("check") = false,
       py::arg("trace") = false);
 
   m.def(

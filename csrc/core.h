@@ -49,6 +49,17 @@ namespace dtr {
 // Which compute-cost term a heuristic uses (simrd section 4.3).
 enum class CostMode : int { None = 0, Local = 1, EqClass = 2, Full = 3 };
 
+// The rules that differ between dtr's runtime and simrd (dtr.semantics.Semantics on the Python side,
+// which a log's meta line records): all false is simrd's, all true the runtime's.
+struct Semantics {
+  bool free_dead_constants = false;  // free a constant when its last reference dies (after protect())
+  bool keep_needed = false;     // see Note [Freeing what an evicted tensor needs] in core_graph.cpp
+  bool eqclass_split = false;   // eqclass: exact components (Note [Splitting eqclass components], core_eqclass.cpp)
+  bool inplace_handover = false;  // a recomputed in-place write takes its old version's bytes
+                                  // (Note [Handing bytes over on recomputation])
+  bool deep_first = false;      // recompute the evicted inputs that need recursion first (Note [Deepest input first])
+};
+
 struct Config {
   int64_t budget = -1;          // bytes; negative = no limit
   CostMode cost = CostMode::EqClass;
@@ -58,12 +69,8 @@ struct Config {
   bool banish = false;          // banish on last release instead of eager eviction
   uint64_t seed = 0;
   int sample = 0;               // >0: score only this many random pool members per eviction
-  bool free_dead_constants = false;  // free a constant when its last reference dies (after protect())
   double remat_limit = std::numeric_limits<double>::infinity();  // stop once remat compute passes it
-  bool keep_needed = false;     // see Note [Freeing what an evicted tensor needs] in core_graph.cpp
-  bool eqclass_split = false;   // eqclass: exact components (see Note [Splitting eqclass components] in core_eqclass.cpp)
-  bool inplace_handover = false;  // a recomputed in-place write takes its old version's bytes (Note [Handing bytes over on recomputation])
-  bool deep_first = false;      // recompute the evicted inputs that need recursion first (Note [Deepest input first])
+  Semantics semantics;
 };
 
 struct Counters {

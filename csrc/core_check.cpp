@@ -171,7 +171,7 @@ void Core::check_components() const {
     if (owned[n]) fail("storage " + std::to_string(sid) + " shares its eqclass node with another storage");
     owned[n] = 1;
   }
-  if (cfg_.cost != CostMode::EqClass || !cfg_.eqclass_split) return;
+  if (cfg_.cost != CostMode::EqClass || !cfg_.semantics.eqclass_split) return;
   std::vector<int> root(storages_.size(), -1), count(uf_.size(), 0);
   std::vector<double> sum(uf_.size(), 0.0);
   double scale = 1.0;

@@ -72,7 +72,7 @@ std::pair<std::vector<int>, std::vector<int>> Core::collect() {
       storages_[s].pinned = false;
       storages_[s].locks = 0;
     }
-    drop_garbage(int(s), cfg_.eqclass_split ? &leaving : nullptr);
+    drop_garbage(int(s), cfg_.semantics.eqclass_split ? &leaving : nullptr);
     out.second.push_back(int(s));
   }
   uf_leave_all(leaving);

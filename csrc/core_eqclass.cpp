@@ -100,7 +100,7 @@ void Core::uf_leave(int sid) {
   const int nbr_edges = s.uf_nbrs;
   s.uf = -1;
   count_uf_nbrs(sid, -1);
-  if (!cfg_.eqclass_split || nbr_edges <= 1) {
+  if (!cfg_.semantics.eqclass_split || nbr_edges <= 1) {
     uf_[root].value -= cost;  // simrd's splitting over-approximation (exact for a leaf)
     bt_walk(root);
     return;
@@ -208,7 +208,7 @@ void Core::uf_split_off(UFSplit& sp, int root, double cost) {
 }
 
 void Core::uf_leave_all(const std::vector<int>& sids) {
-  if (!cfg_.eqclass_split) {
+  if (!cfg_.semantics.eqclass_split) {
     for (int sid : sids) uf_leave(sid);
     return;
   }

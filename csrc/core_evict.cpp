@@ -484,7 +484,7 @@ void Core::banish(int sid) {
   c_.banishments += 1;
   // Nothing recomputes a banished storage: exact components drop it (simrd's
   // keep its cost, and only stop merging through it).
-  if (cfg_.eqclass_split && s.uf >= 0) uf_leave(sid);
+  if (cfg_.semantics.eqclass_split && s.uf >= 0) uf_leave(sid);
   // Its dependents can never be recomputed again: they become constants.
   for (int d : s.dependents) {
     Storage& ds = storages_[d];

@@ -52,7 +52,7 @@ int Core::new_op(const std::vector<int>& inputs, const std::vector<int64_t>& siz
       s.cost += cost;
       s.full_dirty = true;
       // (An alias output on an evicted storage: an exact component's value follows.)
-      if (cfg_.eqclass_split && s.uf >= 0) uf_[uf_find(s.uf)].value += cost;
+      if (cfg_.semantics.eqclass_split && s.uf >= 0) uf_[uf_find(s.uf)].value += cost;
       else if (s.uf >= 0 && cost > 0) uf_deficient_ = true;  // its root misses this cost: no bounds (Note [Choosing without scanning])
     }
     for (int u : inputs) {
@@ -64,7 +64,7 @@ int Core::new_op(const std::vector<int>& inputs, const std::vector<int64_t>& siz
       if (s.uf >= 0) storages_[su].uf_nbrs += 1;
       // An alias output adds edges to an existing storage, which may be evicted
       // with its new dependency: exact components join (simrd's do not).
-      if (cfg_.eqclass_split && s.uf >= 0 && storages_[su].uf >= 0) uf_merge(s.uf, storages_[su].uf);
+      if (cfg_.semantics.eqclass_split && s.uf >= 0 && storages_[su].uf >= 0) uf_merge(s.uf, storages_[su].uf);
     }
     op.outputs.push_back(tid);
   }
@@ -358,7 +358,7 @@ void Core::release(int t) {
   Storage& s = storages_[sid];
   s.refs -= 1;
   if (s.refs > 0) return;
-  if (s.pinned && cfg_.free_dead_constants && s.size > 0) {
+  if (s.pinned && cfg_.semantics.free_dead_constants && s.size > 0) {
     // The program dropped a constant (e.g. an old gradient): keep what still
     // needs its value, then free it for good. (One of no bytes just stays.)
     protect(sid);
@@ -379,10 +379,10 @@ void Core::release(int t) {
     try_banish(sid);
   } else if (s.resident && !s.pinned) {
     if (s.locks > 0) s.evict_on_unlock = true;  // in use by a (re)computation right now
-    else if (cfg_.keep_needed) free_if_unneeded(sid);
+    else if (cfg_.semantics.keep_needed) free_if_unneeded(sid);
     else evict(sid, /*by_heuristic=*/false);
   }
-  if (cfg_.keep_needed && !s.resident && !s.banished) {
+  if (cfg_.semantics.keep_needed && !s.resident && !s.banished) {
     // An evicted tensor nobody references: what was kept for it may go now.
     const std::vector<int> deps = storages_[sid].deps;
     for (int d : deps) free_if_unneeded(d);
@@ -445,7 +445,7 @@ void Core::unlock(int sid) {
   }
   s.evict_on_unlock = false;
   pool_add(sid);
-  if (cfg_.keep_needed && !cfg_.banish) free_if_unneeded(sid);
+  if (cfg_.semantics.keep_needed && !cfg_.banish) free_if_unneeded(sid);
 }
 
 }  // namespace dtr

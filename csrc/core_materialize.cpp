@@ -135,7 +135,7 @@ void Core::push_frame(std::vector<Frame>& stack, int t, bool remat) {
     if (tensors_[p].defined) lock(tensors_[p].storage);
   for (int p : op.inputs)
     if (!tensors_[p].defined) f.pending.push_back(p);
-  if (cfg_.deep_first && f.pending.size() > 1)
+  if (cfg_.semantics.deep_first && f.pending.size() > 1)
     std::stable_partition(f.pending.begin(), f.pending.end(), [&](int p) { return needs_recursion(p); });
   stack.push_back(std::move(f));
 }
@@ -239,7 +239,7 @@ void Core::abandon_frames(const std::vector<Frame>& stack) {
 // in a schedule] in dtr.sim.schedule). An old version needed later is
 // recomputed like any evicted storage.
 int64_t Core::mark_handover(int op_id) {
-  if (!cfg_.inplace_handover) return 0;
+  if (!cfg_.semantics.inplace_handover) return 0;
   const Op& op = ops_[op_id];
   int64_t bytes = 0;
   for (size_t i = 0; i < op.outputs.size(); ++i) {

@@ -96,11 +96,9 @@ struct Replayer {
 
 }  // namespace
 
-ReplayResult replay(const Program& prog, const Config& cfg_in, double thrash_limit, bool check, bool trace) {
+ReplayResult replay(const Program& prog, const Config& cfg, bool check, bool trace) {
   ReplayResult res;
   res.base_total = prog.base_compute();
-  Config cfg = cfg_in;
-  if (std::isfinite(thrash_limit)) cfg.remat_limit = std::max(0.0, thrash_limit - 1.0) * res.base_total;
   Replayer r(prog, cfg);
   if (trace) {
     // A recomputed op's output on a banished (or collected) storage is freed

@@ -57,11 +57,12 @@ struct ReplayResult {
   std::vector<int> op_instr, storage_op, storage_index;
 };
 
-// Replays `prog` on a fresh Core. A finite `thrash_limit` X stops the run once
-// rematerialization pushes total compute past X times the log's compute. Live
-// handles at the end are outputs: rematerialized if needed and pinned. With
-// `check`, Core::check() runs after every instruction (tests).
-ReplayResult replay(const Program& prog, const Config& cfg, double thrash_limit, bool check, bool trace = false);
+// Replays `prog` on a fresh Core. The run stops ("thrash") once rematerialization
+// compute passes cfg.remat_limit (the caller converts a thrash limit: Note [The
+// thrash limit] in dtr/semantics.py). Live handles at the end are outputs:
+// rematerialized if needed and pinned. With `check`, Core::check() runs after
+// every instruction (tests).
+ReplayResult replay(const Program& prog, const Config& cfg, bool check, bool trace = false);
 
 // The core's tables after replaying a whole program without a budget: the
 // exact operator graph of dtr.sim.graph (see Note [The exact graph is the

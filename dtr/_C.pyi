@@ -48,6 +48,16 @@ else:
         OOM = "oom"
         THRASH = "thrash"
 
+class Semantics(metaclass=_pybind11_type):
+    """The rules that differ between the runtime and simrd (dtr.semantics.Semantics is the Python value)."""
+    free_dead_constants: bool  # free a constant when its last reference dies
+    keep_needed: bool      # keep a released storage while an evicted, referenced dependent needs it
+    eqclass_split: bool    # eqclass: split components exactly when a member leaves (not simrd's)
+    inplace_handover: bool  # a recomputed in-place write takes its unreferenced old version's bytes
+    deep_first: bool       # recompute evicted inputs that recurse before those computable at once
+    def __init__(self, free_dead_constants: bool = False, keep_needed: bool = False, eqclass_split: bool = False,
+                 inplace_handover: bool = False, deep_first: bool = False) -> None: ...
+
 class Config(metaclass=_pybind11_type):
     budget: int            # bytes; negative = no limit
     cost: str              # "full", "eqclass", "local" or "none"
@@ -58,11 +68,7 @@ class Config(metaclass=_pybind11_type):
     seed: int
     sample: int
     remat_limit: float
-    free_dead_constants: bool  # free a constant when its last reference dies
-    keep_needed: bool      # keep a released storage while an evicted, referenced dependent needs it
-    eqclass_split: bool    # eqclass: split components exactly when a member leaves (not simrd's)
-    inplace_handover: bool  # a recomputed in-place write takes its unreferenced old version's bytes
-    deep_first: bool       # recompute evicted inputs that recurse before those computable at once
+    semantics: Semantics   # (read: a reference into the Config, whose fields can be set)
     def __init__(self) -> None: ...
 
 class Core(metaclass=_pybind11_type):
@@ -170,7 +176,7 @@ class Program(metaclass=_pybind11_type):
                                     bool]]: ...
 
 def parse_log(data: bytes) -> Program: ...
-def replay(program: Program, config: Config, thrash_limit: float, check: bool = ..., trace: bool = ...) -> Dict[str, Any]: ...
+def replay(program: Program, config: Config, check: bool = ..., trace: bool = ...) -> Dict[str, Any]: ...
 # The core's tables after replaying `program` without a budget (config's budget, remat_limit and banish
 # are ignored): tuples op_instr, op_kind, op_line, op_name (-1: none), op_cost, op_inputs, op_outputs,
 # op_fresh, op_alloc, op_overwrites, tensor_op, tensor_storage, tensor_view, storage_size, storage_op,

@@ -75,11 +75,7 @@ def make_config(heuristic: Heuristic | str = "eqclass", budget: Optional[int] = 
     cfg.remat_limit = remat_limit
     if not isinstance(semantics, Semantics):
         raise TypeError(f"semantics must be a dtr.semantics.Semantics, not {semantics!r}")
-    cfg.free_dead_constants = semantics.free_dead_constants
-    cfg.keep_needed = semantics.keep_needed
-    cfg.eqclass_split = semantics.eqclass_split or h.split
-    cfg.inplace_handover = semantics.inplace_handover
-    cfg.deep_first = semantics.deep_first
+    cfg.semantics = _C.Semantics(**semantics.replace(eqclass_split=semantics.eqclass_split or h.split).to_meta())
     return cfg
 
 
@@ -399,7 +395,7 @@ def replay_program(program: "_C.Program", heuristic: Heuristic | str = "eqclass"
     allowance = remat_allowance(check_thrash_limit(thrash_limit), program.base_compute())
     config = make_config(heuristic, budget, remat_limit=allowance,
                          **options)
-    return _C.replay(program, config, math.inf, check, trace)
+    return _C.replay(program, config, check, trace)
 
 
 def replay_graph(program: "_C.Program", semantics: Semantics = SIMRD) -> dict:

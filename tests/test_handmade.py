@@ -23,7 +23,8 @@ def test_trace_of_small_at_35(data_dir):
     raw = replay_program(read_log(data_dir / "small.jsonl").program, "eqclass", 35, trace=True)
     assert type(raw["status"]) is str and raw["status"] == ReplayStatus.OK
     assert all(type(kind) is int and type(x) is int for kind, x in raw["trace"])
-    computed, recomputed, evicted, freed = TraceEvent.COMPUTED, TraceEvent.RECOMPUTED, TraceEvent.EVICTED, TraceEvent.FREED
+    computed, recomputed = TraceEvent.COMPUTED, TraceEvent.RECOMPUTED
+    evicted, freed = TraceEvent.EVICTED, TraceEvent.FREED
     assert raw["trace"] == [(computed, 0), (computed, 1), (computed, 2), (computed, 3),  # w a b c
                             (evicted, 1), (computed, 4),                                 # a goes for d
                             (freed, 2), (freed, 3),                                      # b and c released
@@ -270,11 +271,11 @@ def _evicted_fork(c):
     """
     w = c.constant(4)
     (m,) = c.call([w], [10], [-1], 1.0)
-    (l,) = c.call([m], [10], [-1], 2.0)
+    (left,) = c.call([m], [10], [-1], 2.0)
     (r,) = c.call([m], [10], [-1], 8.0)
-    (p,) = c.call([l], [10], [-1], 1.0)
+    (p,) = c.call([left], [10], [-1], 1.0)
     (q,) = c.call([r], [10], [-1], 1.0)
-    for t in (m, l, r):
+    for t in (m, left, r):
         c.release(t)
     return m, p, q
 

@@ -54,10 +54,10 @@ def test_replace_changes_only_what_it_is_given():
 
 
 def test_make_config_takes_one_semantics_value():
-    cfg = make_config("lru", 100, semantics=RUNTIME.replace(deep_first=False))
-    assert (cfg.free_dead_constants, cfg.keep_needed, cfg.eqclass_split, cfg.inplace_handover,
-            cfg.deep_first) == (True, True, True, True, False)
-    assert make_config("eqclass-split", semantics=SIMRD).eqclass_split  # the heuristic's own split
+    sem = make_config("lru", 100, semantics=RUNTIME.replace(deep_first=False)).semantics
+    assert (sem.free_dead_constants, sem.keep_needed, sem.eqclass_split, sem.inplace_handover,
+            sem.deep_first) == (True, True, True, True, False)
+    assert make_config("eqclass-split", semantics=SIMRD).semantics.eqclass_split  # the heuristic's own split
     with pytest.raises(TypeError, match="semantics must be a dtr.semantics.Semantics"):
         make_config("lru", semantics={"keep_needed": True})
     with pytest.raises(TypeError):

@@ -12,7 +12,7 @@ import json
 import os
 import zlib
 from dataclasses import dataclass
-from typing import Iterator, List, NamedTuple, Optional, Tuple
+from typing import Iterator, NamedTuple, Optional, Tuple
 
 from dtr.core import InstrKind, Program, RawLogError, parse_program
 from dtr.errors import LogFormatError
