@@ -16,6 +16,7 @@ __all__ = ["COMMANDS"]
 
 def _summary(d: dict) -> str:
     """The human-readable summary of a replay's dict (one field a line)."""
+    from dtr.core import ReplayStatus
     budget = "none" if d["budget_bytes"] is None else format_bytes(d["budget_bytes"])
     if d["budget_bytes"] is not None and d["budget_bytes"] >= 1024:
         budget += f" ({d['budget_bytes']} B)"
@@ -31,10 +32,10 @@ def _summary(d: dict) -> str:
         f"remats         {d['remats']}",
         f"storage access {d['storage_accesses']}",
     ]
-    if d["status"] == "oom" and d.get("needed_bytes"):
+    if d["status"] == ReplayStatus.OOM and d.get("needed_bytes"):
         lines.append(f"needed         at least {format_bytes(d['needed_bytes'])} ({d['needed_bytes']} B) "
                      f"resident at once (log line {d.get('failed_line') or 'end'})")
-    if d["status"] == "thrash":
+    if d["status"] == ReplayStatus.THRASH:
         lines.append(f"stopped        total compute passed {d['thrash_limit']}x base "
                      f"(log line {d.get('failed_line') or 'end'})")
     return "\n".join(lines)

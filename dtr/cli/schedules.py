@@ -29,6 +29,7 @@ def _export_args(p: argparse.ArgumentParser) -> None:
 @command("export", "the simulator's run as a static schedule (JSON)", _export_args)
 def export_command(args: argparse.Namespace) -> int:
     """Replay a log, export the run as a schedule, check it with the evaluator and save it."""
+    from dtr.core import ReplayStatus
     from dtr.sim.export import export_schedule
     from dtr.sim.logs import read_log
     from dtr.sim.replay import baseline, resolve_budget
@@ -37,7 +38,7 @@ def export_command(args: argparse.Namespace) -> int:
     budget = resolve_budget(args.budget, baseline(log)["peak_memory"])
     ex = export_schedule(log, heuristic_from_args(args), budget, thrash_limit=args.thrash_limit, seed=args.seed,
                          sample=args.sample)
-    if ex.status != "ok":
+    if ex.status != ReplayStatus.OK:
         raise DtrError(f"the simulator stopped ({ex.status}) at budget {budget} bytes: no complete schedule to export")
     ev = evaluate(ex.graph, ex.schedule.steps, budget)
     save_schedule(ex.schedule, args.output)

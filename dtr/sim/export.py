@@ -5,7 +5,7 @@ import math
 from dataclasses import dataclass
 from typing import Optional, Union
 
-from dtr.core import replay_program
+from dtr.core import ReplayStatus, TraceEvent, replay_program
 from dtr.errors import DtrError
 from dtr.heuristics import Heuristic, get_heuristic
 from dtr.sim.graph import Graph, graph_from_log
@@ -95,7 +95,8 @@ def export_schedule(log: Union[Log, str], heuristic: Union[Heuristic, str] = "eq
     raw = replay_program(log.program, h, budget, thrash_limit=thrash_limit, trace=True, seed=seed, sample=sample,
                          semantics=log.semantics)
     _check_same_ids(g, raw, budget)
-    steps = tuple((COMPUTE if kind in (0, 1) else FREE, int(x)) for kind, x in raw["trace"])
+    steps = tuple((COMPUTE if kind in (TraceEvent.COMPUTED, TraceEvent.RECOMPUTED) else FREE, int(x))
+                  for kind, x in raw["trace"])
     meta = {"log": g.name, "planner": h.name, "budget_bytes": budget, "status": raw["status"]}
     return Export(graph=g, schedule=Schedule(steps=steps, meta=meta), status=raw["status"],
                   peak_bytes=int(raw["peak_memory"]), total_compute=raw["base_compute"] + raw["remat_compute"],
@@ -120,7 +121,7 @@ def _check_same_ids(g: Graph, raw: dict, budget: Optional[int]) -> None:
         ExportError: they differ; names the log line of the first operator or
             storage that does.
     """
-    finished = raw["status"] == "ok"
+    finished = raw["status"] == ReplayStatus.OK
 
     def refuse(op: int, what: str) -> None:
         line = g.op_line[min(op, g.num_ops - 1)] if g.num_ops else 0
