@@ -89,7 +89,7 @@ class Evaluation:
 # ~~~~~~~~~~~~~~~~~~~~~~~~~~
 # The evaluator is a deliberately independent checker. It takes the graph as
 # given (the core's tables: which operators, tensors and storages exist) but
-# shares no code with the core's bookkeeping (csrc/core.cpp): it keeps its
+# shares no code with the core's bookkeeping (csrc/core_*.cpp): it keeps its
 # own residency, definedness and memory from the schedule's steps alone. So
 # an exported DTR run that evaluates to the simulator's own peak and compute
 # (tests/test_schedules.py) checks the core's accounting against a second
