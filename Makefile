@@ -38,6 +38,7 @@ test: lint
 
 bench: venv
 	$(PY) benchmarks/bench_sim.py --out BENCHMARKS.md
+	$(PY) benchmarks/bench_eqclass_scaling.py --out BENCHMARKS.md --figure benchmarks/eqclass_scaling.png
 	$(PY) benchmarks/bench_sweep.py
 
 experiments: venv
