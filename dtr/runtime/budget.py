@@ -20,7 +20,7 @@ from dtr.runtime.recorder import LogRecorder
 from dtr.semantics import RUNTIME, check_thrash_limit
 from dtr.units import parse_bytes
 
-__all__ = ["budget", "Budget"]
+__all__ = ["budget", "Budget", "check_device"]
 
 
 # Note [Garbage collection during a block]
