@@ -390,3 +390,34 @@ def test_nested_tensors_are_left_alone(layout, limit):
     assert all(torch.equal(a, c) for a, c in zip(got[1], want[1]))
     if limit is not None:
         assert b.stats["evictions"] > 0
+
+
+def test_a_dead_sparse_tensors_key_is_not_taken_for_a_new_one(monkeypatch):
+    """_opaque_readers keys are addresses (Note [Other layouts]): once the sparse tensor an op read is gone,
+    a new one at its address must not count as it. Before the keys had guards, writing the new one ran a
+    full poll (and pinned what the dead one's readers left) at an op that depended on where CPython put
+    the new object, and the two per-op paths then disagreed on when deaths were noticed. Address reuse is
+    simulated here: every sparse tensor gets one key, as two objects at one address would."""
+    from dtr.runtime import mode as mode_module
+    keys = mode_module._opaque_keys
+    monkeypatch.setattr(mode_module, "_opaque_keys", lambda x: [(("object", 0), keys(x)[0][1])])
+    with dtr.budget(None, cost_model="flops") as b:
+        mode = b._mode
+        s = torch.eye(8).to_sparse()
+        out = torch.sparse.mm(s, torch.ones(8, 8))  # computed from s: its recipe holds s
+        assert mode._opaque_readers
+        total = out.sum().item()
+        del out
+        mode.poll()
+        mode.collect()  # the op can never run again: its recipe, and its reference to s, go
+        gone = weakref.ref(s)
+        del s
+        assert gone() is None
+        t = torch.eye(8).to_sparse()  # "at s's address"
+        full_polls = []
+        poll = mode.poll
+        mode.poll = lambda handles=None: (full_polls.append(handles is None), poll(handles))[1]
+        t.mul_(2)  # a write to the new sparse tensor: nothing was computed from it
+        del mode.poll
+    assert full_polls.count(True) == 0, full_polls
+    assert total == 64.0 and torch.equal(t.to_dense(), 2 * torch.eye(8))

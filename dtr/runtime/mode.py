@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import math
 import sys
+import weakref
 from itertools import chain
 from typing import Any, Dict, Iterable, List, NamedTuple, Optional, Tuple
 
@@ -363,8 +364,8 @@ class DTRMode(TorchDispatchMode):
         self.remat_seconds = 0.0
         self.ops_seen = 0
         self.versions: Dict[int, int] = {}          # core tensor -> in-place versions behind it
-        # _opaque_keys of a non-strided tensor -> the core tensors computed from it
-        self._opaque_readers: Dict[Any, List[int]] = {}
+        # _opaque_keys of a non-strided tensor -> (its guard, the core tensors computed from it)
+        self._opaque_readers: Dict[Any, Tuple[Any, List[int]]] = {}
         self._ops_at_gc = 0
         self._live_after_gc = 0
         self._collected_after_compact = 0   # collected storages the core kept at the last compaction
@@ -945,8 +946,11 @@ class DTRMode(TorchDispatchMode):
         if any(isinstance(x, torch.Tensor) and _opaque(x) for x in leaves):
             for x in leaves:  # see Note [Other layouts]
                 if isinstance(x, torch.Tensor) and _opaque(x):
-                    for k in _opaque_keys(x):
-                        self._opaque_readers.setdefault(k, []).extend(new_tensors)
+                    for k, guard in _opaque_keys(x):
+                        entry = self._opaque_readers.get(k)
+                        if entry is None or entry[0].expired():  # (a key of something dead: reused)
+                            entry = self._opaque_readers[k] = (guard, [])
+                        entry[1].extend(new_tensors)
         if pending is not None:
             self.timer.defer(pending[0], (op, pending[1], func))
         handle, recent = self.handle, self._recent_ops
@@ -1008,12 +1012,13 @@ class DTRMode(TorchDispatchMode):
             for y in (x if isinstance(x, (list, tuple)) else (x,)):
                 if not isinstance(y, torch.Tensor):
                     continue
-                for k in (_opaque_keys(y) if _opaque(y) else (_storage(y)._cdata,)):
-                    if k not in self._opaque_readers:
+                for k in ([k for k, _ in _opaque_keys(y)] if _opaque(y) else [_storage(y)._cdata]):
+                    entry = self._opaque_readers.pop(k, None)
+                    if entry is None or entry[0].expired():  # (what it named is gone: y only reuses its key)
                         continue
                     self.poll()  # (pinning may recompute: it must not read a storage just dropped)
                     core = self.core
-                    for t in self._opaque_readers.pop(k):
+                    for t in entry[1]:
                         s = core.storage_of(t)
                         if core.collected(s):
                             continue
@@ -1204,6 +1209,8 @@ class DTRMode(TorchDispatchMode):
                 if cdata is not None and self.version.get(cdata) == t:
                     del self.version[cdata]
         self._live_after_gc = len(self.recipes)
+        for k in [k for k, (guard, _) in self._opaque_readers.items() if guard.expired()]:
+            del self._opaque_readers[k]  # (what they named is gone: see _opaque_keys)
         if 2 * (core.num_collected_storages - self._collected_after_compact) > core.num_storages or \
                 2 * self._collected_ops > core.num_ops:
             self.compact()
@@ -1237,8 +1244,8 @@ class DTRMode(TorchDispatchMode):
         self.versions = {tensors[t]: n for t, n in self.versions.items() if tensors[t] >= 0}
         self.version = {k: tensors[t] for k, t in self.version.items() if tensors[t] >= 0}
         self.alive = {h: tensors[t] for h, t in self.alive.items()}  # referenced: always kept
-        self._opaque_readers = {k: [tensors[t] for t in ts if tensors[t] >= 0]
-                                for k, ts in self._opaque_readers.items()}
+        self._opaque_readers = {k: (guard, [tensors[t] for t in ts if tensors[t] >= 0])
+                                for k, (guard, ts) in self._opaque_readers.items() if not guard.expired()}
         self._collected_after_compact = self.core.num_collected_storages
         self._collected_ops = 0
 
@@ -1303,10 +1310,25 @@ def _opaque(x: torch.Tensor) -> bool:
     return x.layout != torch.strided or x.is_nested
 
 
-def _opaque_keys(x: torch.Tensor) -> List[Any]:
-    """Keys of a non-strided tensor's memory: the object, and the storages of its strided parts (Note [Other layouts]).
+class _ObjectGuard:
+    """Whether an object is gone, without keeping it (StorageWeakRef's ``expired()`` for any object)."""
 
-    A write through a part (``S.values().mul_(2)``) changes the tensor as much as a write to it.
+    __slots__ = ("ref",)
+
+    def __init__(self, x: Any):
+        self.ref = weakref.ref(x)
+
+    def expired(self) -> bool:
+        return self.ref() is None
+
+
+def _opaque_keys(x: torch.Tensor) -> List[Tuple[Any, Any]]:
+    """(key, guard) of a non-strided tensor's memory: the object, and the storages of its strided parts.
+
+    A write through a part (``S.values().mul_(2)``) changes the tensor as much as a write to it (Note
+    [Other layouts]). The keys are addresses (the object's id, the parts' storages), which a later
+    object or storage may reuse once these are gone: each comes with a guard whose ``expired()``
+    says so, and a key whose guard expired names nothing any more.
     """
     layout = x.layout
     parts: Tuple[torch.Tensor, ...] = ()
@@ -1321,7 +1343,8 @@ def _opaque_keys(x: torch.Tensor) -> List[Any]:
             parts = (x.values(),)
     except (RuntimeError, NotImplementedError):
         parts = ()
-    return [("object", id(x))] + [_storage(p)._cdata for p in parts if not _opaque(p)]
+    return [(("object", id(x)), _ObjectGuard(x))] + [(_storage(p)._cdata, StorageWeakRef(_storage(p)))
+                                                     for p in parts if not _opaque(p)]
 
 
 def _view_positions(func: Any, out: Any) -> Tuple[int, ...]:
