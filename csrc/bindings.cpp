@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "core.h"
+#include "core_api.h"
 #include "program.h"
 #include "replay.h"
 
@@ -107,6 +108,62 @@ py::list trace_list(const std::vector<std::pair<TraceEvent, int>>& trace) {
   return out;
 }
 
+// ----- Note [The core's C route] (core_api.h): the table's functions.
+Core& as_core(void* c) { return *static_cast<Core*>(c); }
+
+// The bound method's exception, raised in Python by the module's own translators.
+int failed() {
+  try {
+    throw;
+  } catch (...) {
+    py::detail::try_translate_exceptions();
+  }
+  return -1;
+}
+
+template <class F>
+auto guarded(F&& f, decltype(f()) on_error) -> decltype(f()) {
+  try {
+    return f();
+  } catch (...) {
+    failed();
+    return on_error;
+  }
+}
+
+const DtrCoreApi core_api = {
+    DTR_CORE_API_VERSION,
+    [](void* c, int t) { return guarded([&] { return as_core(c).storage_of(t); }, -1); },
+    [](void* c, int t) { return guarded([&] { return int(as_core(c).defined(t)); }, -1); },
+    [](void* c, int s) { return guarded([&] { return int(as_core(c).pinned(s)); }, -1); },
+    [](void* c, int s) { return guarded([&] { return int(as_core(c).resident(s)); }, -1); },
+    [](void* c, int s) { return guarded([&] { return int64_t(as_core(c).storage_refs(s)); }, int64_t(-1)); },
+    [](void* c) { return int64_t(as_core(c).counters().memory); },
+    [](void* c) { return int64_t(as_core(c).counters().peak_memory); },
+    [](void* c) { return int64_t(as_core(c).budget()); },
+    [](void* c) { return as_core(c).counters().base_compute; },
+    [](void* c) { return as_core(c).counters().remat_compute; },
+    [](void* c, double limit) { as_core(c).set_remat_limit(limit); },
+    [](void* c, const int* inputs, int n_in, const int64_t* sizes, int n_out, double cost) {
+      return guarded([&] {
+        std::vector<int> none(size_t(n_out), -1);
+        return as_core(c).begin_call(std::vector<int>(inputs, inputs + n_in),
+                                     std::vector<int64_t>(sizes, sizes + n_out), none, none, cost);
+      }, -1);
+    },
+    [](void* c, int op, double cost) { return guarded([&] { as_core(c).end_call(op, cost); return 0; }, -1); },
+    [](void* c, int op) { return guarded([&] { as_core(c).abort_call(op); return 0; }, -1); },
+    [](void* c, int op, int* out, int cap) {
+      return guarded([&] {
+        const std::vector<int>& o = as_core(c).op_outputs(op);
+        for (size_t k = 0; k < o.size() && int(k) < cap; ++k) out[k] = o[k];
+        return int(o.size());
+      }, -1);
+    },
+    [](void* c, int t) { return guarded([&] { as_core(c).release(t); return 0; }, -1); },
+    [](void* c, int s) { return guarded([&] { as_core(c).forget(s); return 0; }, -1); },
+};
+
 }  // namespace
 
 PYBIND11_MODULE(_C, m) {
@@ -184,8 +241,12 @@ PYBIND11_MODULE(_C, m) {
       .def_readwrite("semantics", &Config::semantics)
       .def_readwrite("remat_limit", &Config::remat_limit);
 
+  m.attr("_core_api") = py::capsule(static_cast<const void*>(&core_api), DTR_CORE_API_CAPSULE);
+
   py::class_<Core>(m, "Core")
       .def(py::init<const Config&>(), py::arg("config"))
+      .def("_capsule", [](Core& c) { return py::capsule(static_cast<void*>(&c), DTR_CORE_CAPSULE); },
+           "This core's address, for the C route of core_api.h (valid while this object lives).")
       .def("constant", &Core::constant, py::arg("size"))
       .def("call", &Core::call, py::arg("inputs"), py::arg("sizes"), py::arg("alias_of"), py::arg("cost"))
       .def("mutate", &Core::mutate, py::arg("inputs"), py::arg("mutated"), py::arg("cost"))

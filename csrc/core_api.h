@@ -1,0 +1,48 @@
+// A C function table over one dtr::Core, for a native driver built as another extension module.
+//
+// Note [The core's C route]
+// dtr._C is reached from Python through dtr.core's facade. The runtime's
+// native per-op path (dtr._native, csrc/native/) is C++ built against torch
+// and must not link the core a second time (two copies of its code over one
+// object) nor pay a Python call per query (about 0.3 us each through pybind:
+// a dozen per op). So dtr._C exports this table of plain C functions in a
+// capsule (dtr._C._core_api), and each Core hands out its address in another
+// (Core._capsule()). The table is the facade's own operations, nothing more:
+// queries that never fail, and the calls that may evict, recompute (running
+// the driver's hooks) or fail, which return -1 with the Python exception set
+// exactly as the bound method would have raised it (the same translators).
+// Every function must be called with the GIL held. Only ints, floats and ids
+// cross it: the core stays torch-free.
+#pragma once
+#include <stdint.h>
+
+#define DTR_CORE_API_VERSION 1
+#define DTR_CORE_API_CAPSULE "dtr._C._core_api"
+#define DTR_CORE_CAPSULE "dtr._C.Core"
+
+extern "C" {
+struct DtrCoreApi {
+  int version;  // DTR_CORE_API_VERSION
+  // Queries: ids must be valid; -1 only with a Python exception set.
+  int (*storage_of)(void* core, int t);
+  int (*defined)(void* core, int t);
+  int (*pinned)(void* core, int s);
+  int (*resident)(void* core, int s);
+  int64_t (*storage_refs)(void* core, int s);
+  int64_t (*memory)(void* core);
+  int64_t (*peak_memory)(void* core);
+  int64_t (*budget)(void* core);
+  double (*base_compute)(void* core);
+  double (*remat_compute)(void* core);
+  void (*set_remat_limit)(void* core, double limit);
+  // Calls (Core's methods of the same names): -1 with a Python exception set on failure.
+  // begin_call: new outputs of sizes[0..n_out), none an alias or in-place; returns the op.
+  int (*begin_call)(void* core, const int* inputs, int n_in, const int64_t* sizes, int n_out, double cost);
+  int (*end_call)(void* core, int op, double cost);
+  int (*abort_call)(void* core, int op);
+  // op's outputs: writes min(count, cap) ids to out; returns count.
+  int (*op_outputs)(void* core, int op, int* out, int cap);
+  int (*release)(void* core, int t);
+  int (*forget)(void* core, int s);
+};
+}
