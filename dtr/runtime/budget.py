@@ -16,6 +16,7 @@ from dtr.heuristics import Heuristic, get_heuristic, heuristic_names
 from dtr.runtime.costs import get_cost_model
 from dtr.runtime.escapes import patch_escapes
 from dtr.runtime.mode import DTRMode
+from dtr.runtime.native import use_native
 from dtr.runtime.recorder import LogRecorder
 from dtr.semantics import RUNTIME, check_thrash_limit
 from dtr.units import parse_bytes
@@ -120,7 +121,7 @@ class Budget:
                  log: Optional[Union[str, os.PathLike]] = None, cost_model: str = "time",
                  thrash_limit: Optional[float] = 10.0, sample: int = 0, seed: int = 0,
                  device: Optional[Union[str, torch.device]] = None, log_meta: Optional[dict] = None,
-                 eqclass_split: bool = True):
+                 eqclass_split: bool = True, native: Optional[bool] = None):
         self.budget_bytes = _limit_bytes(limit)
         if isinstance(heuristic, str):
             self.heuristic = get_heuristic(heuristic)
@@ -143,6 +144,9 @@ class Budget:
         self._seed, self._sample = seed, sample
         make_config(self.heuristic, self.budget_bytes, semantics=self.semantics, seed=seed, sample=sample)  # checks
         self._device = check_device(device)
+        if native is not None and not isinstance(native, bool):
+            raise TypeError(f"native must be True, False or None, not {native!r}")
+        self.native = use_native(native)  # which per-op path the block runs (dtr/runtime/native.py)
         self._core: Optional[Core] = None
         self._mode: Optional[DTRMode] = None
         self._final: Optional[dict] = None
@@ -187,7 +191,7 @@ class Budget:
             recorder = LogRecorder(self.log_path, {
                 **self.log_meta, "cost_unit": self.cost_model.unit, "budget_bytes": self.budget_bytes,
                 "heuristic": self.heuristic.name, "recorded_by": "dtr.budget", **self.semantics.to_meta()})
-        self._mode = DTRMode(self._core, self.cost_model, recorder, self.thrash_limit, self._device)
+        self._mode = DTRMode(self._core, self.cost_model, recorder, self.thrash_limit, self._device, self.native)
         self._restore_escapes = patch_escapes(self._mode.escape)
         # See Note [Compiled code in a block]; set_stance sets it now, and its __exit__ restores the old one.
         self._stance = torch.compiler.set_stance("force_eager")
@@ -233,6 +237,7 @@ class Budget:
             if mode.recorder is not None:
                 mode.recorder.close()
             core.set_hooks()
+            mode.detach_native()
             # Drop dtr's references: recipes, buffers, the core.
             mode.recipes.clear()
             mode.phys.clear()
@@ -279,7 +284,7 @@ def budget(limit: Union[None, int, str], *, heuristic: Union[str, Heuristic] = "
            log: Optional[Union[str, os.PathLike]] = None, cost_model: str = "time",
            thrash_limit: Optional[float] = 10.0, sample: int = 0, seed: int = 0,
            device: Optional[Union[str, torch.device]] = None, log_meta: Optional[dict] = None,
-           eqclass_split: bool = True) -> Budget:
+           eqclass_split: bool = True, native: Optional[bool] = None) -> Budget:
     """Run the code in a ``with`` block within ``limit`` bytes of tensor memory.
 
     Every tensor storage the block touches on the device counts (parameters,
@@ -322,6 +327,11 @@ def budget(limit: Union[None, int, str], *, heuristic: Union[str, Heuristic] = "
             [Splitting eqclass components]); False gives simrd's eqclass, which
             only subtracts that storage's cost. Recorded in the log's meta line,
             so that a replay makes the same decisions.
+        native: run each op's bookkeeping in C++ (``dtr._native``) where
+            it applies (True), or always in the Python reference (False); the
+            two make the same decisions. None: ``$DTR_NATIVE`` (``0``: the
+            reference), else native wherever it is built for this torch (where
+            it is not, a warning says why, once, and the reference runs).
 
     Returns:
         A :class:`Budget`; ``with dtr.budget(...) as b: ...`` then ``b.stats``.
@@ -338,4 +348,5 @@ def budget(limit: Union[None, int, str], *, heuristic: Union[str, Heuristic] = "
             block: blocks do not nest.
     """
     return Budget(limit, heuristic=heuristic, log=log, cost_model=cost_model, thrash_limit=thrash_limit,
-                  sample=sample, seed=seed, device=device, log_meta=log_meta, eqclass_split=eqclass_split)
+                  sample=sample, seed=seed, device=device, log_meta=log_meta, eqclass_split=eqclass_split,
+                  native=native)

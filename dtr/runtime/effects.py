@@ -11,8 +11,9 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-__all__ = ["overwrites_self", "register_writes", "written_args"]
+__all__ = ["may_write", "overwrites_self", "register_writes", "written_args"]
 
+_generation = 0  # how many times rules were registered
 # op overload packet name -> f(args, kwargs) -> positions of written tensor args
 _HIDDEN_WRITES: Dict[str, Callable[[Sequence, dict], List[int]]] = {}
 # op overload -> (written positions its schema declares, its _HIDDEN_WRITES rule or None)
@@ -26,6 +27,8 @@ def register_writes(*names: str):
         for n in names:
             _HIDDEN_WRITES[n] = fn
         _rules_cache.clear()  # an overload looked up before must see the new rule
+        global _generation
+        _generation += 1      # (and the native path's cache of which ops write: csrc/native/fastpath.cpp)
         return fn
 
     return wrap
@@ -66,6 +69,11 @@ def written_args(func: torch._ops.OpOverload, args: Sequence, kwargs: dict) -> L
     if hidden is not None:
         writes += [i for i in hidden(args, kwargs) if i not in writes]
     return writes
+
+
+def may_write(func: torch._ops.OpOverload) -> bool:
+    """Whether ``func`` writes any argument for some arguments: its schema says so, or a hidden-write rule exists."""
+    return bool(schema_writes(func)[0]) or func._schema.name in _HIDDEN_WRITES
 
 
 # Ops that write every element of ``self`` without reading it (fills and

@@ -19,7 +19,7 @@ from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_mod
 from dtr.core import Core
 from dtr.errors import OutOfBudgetError, ThrashingError
 from dtr.runtime.costs import CostModel
-from dtr.runtime.effects import overwrites_self, schema_writes, written_args
+from dtr.runtime.effects import may_write, overwrites_self, schema_writes, written_args
 from dtr.runtime.recorder import LogRecorder
 from dtr.runtime.timing import ProvisionalCosts, Timer, WallTimer, make_timer
 from dtr.semantics import remat_allowance
@@ -308,6 +308,13 @@ def tree_unflatten(leaves: list, spec: Any) -> Any:
     return _unflat(spec[1], it)
 
 
+def _layouts(leaves: List[Any]) -> Tuple[Any, ...]:
+    """Each leaf's part of an op's signature: (shape, stride, dtype) of a strided tensor, else a hashable value."""
+    return tuple([((tuple(x.shape), tuple(x.stride()), x.dtype) if not _opaque(x)
+                   else (x.layout, x.dtype)) if isinstance(x, torch.Tensor)  # (Note [Other layouts])
+                  else _hashable(x) for x in leaves])
+
+
 def _numel(size: Tuple[int, ...]) -> int:
     n = 1
     for d in size:
@@ -342,7 +349,7 @@ class DTRMode(TorchDispatchMode):
     """Runs ops through the DTR core. Created and entered by :class:`dtr.budget`."""
 
     def __init__(self, core: Core, cost_model: CostModel, recorder: Optional[LogRecorder],
-                 thrash_limit: float, device: Optional[torch.device] = None):
+                 thrash_limit: float, device: Optional[torch.device] = None, native: bool = False):
         super().__init__()
         self.core = core
         self.cost_model = cost_model
@@ -377,6 +384,14 @@ class DTRMode(TorchDispatchMode):
         if device is not None:
             self._set_device(device)
         core.set_hooks(on_evict=self._on_evict, on_compute=self._on_compute, on_pin=self._on_pin)
+        self._compactions = 0  # (the native path's cache of core ids is valid until the next compaction)
+        if native:  # see Note [The native per-op path] in csrc/native/fastpath.cpp
+            from dtr.runtime.native import fast_path
+            self.__torch_dispatch__ = fast_path(self, DTRMode.__torch_dispatch__)  # type: ignore[method-assign]
+
+    def detach_native(self) -> None:
+        """Drop the native per-op path, if any (it holds the mode: a cycle the block's end breaks)."""
+        self.__dict__.pop("__torch_dispatch__", None)
 
     # ----------------------------------------------------------------- tracking
     def _trackable(self, x: Any) -> bool:
@@ -445,14 +460,7 @@ class DTRMode(TorchDispatchMode):
         phys, core, alive = self.phys, self.core, self.alive
         storage_of = core.storage_of
         if handles is None:
-            # The next scheduled full poll: every _POLL_EVERY ops or, under a
-            # budget (which polls fully anyway whenever room must be made),
-            # every len(alive) / 4 ops when more tensors live: amortized O(1)
-            # per op. Without a budget or while recording, _POLL_EVERY keeps
-            # the peak accounting and the log's releases prompt.
-            lazy = self.recorder is None and core.budget >= 0
-            every = max(_POLL_EVERY, len(alive) // 4) if lazy else _POLL_EVERY
-            self._next_full_poll = self.ops_seen + every
+            self._schedule_full_poll()
             # _Buf.dead() inlined for the program's (weakly held) buffers: this runs for every live tensor.
             dead = [h for h, t in alive.items()
                     if (_expired(b.weak) if (b := phys[storage_of(t)]).strong is None else b.dead())]
@@ -479,6 +487,19 @@ class DTRMode(TorchDispatchMode):
             core.protect(core.storage_of(self.alive[h]))
         for h in constants:
             self._release(h)
+
+    def _schedule_full_poll(self) -> None:
+        """Set when the next scheduled full poll is due; called by every full poll.
+
+        Every _POLL_EVERY ops or, under a budget (which polls fully anyway
+        whenever room must be made), every len(alive) / 4 ops when more
+        tensors live: amortized O(1) per op. Without a budget or while
+        recording, _POLL_EVERY keeps the peak accounting and the log's
+        releases prompt.
+        """
+        lazy = self.recorder is None and self.core.budget >= 0
+        every = max(_POLL_EVERY, len(self.alive) // 4) if lazy else _POLL_EVERY
+        self._next_full_poll = self.ops_seen + every
 
     def _worth_keeping(self, s: int) -> bool:
         """Whether dead constant ``s`` costs less kept than protecting what needs it (Note [Keeping a dead constant]).
@@ -777,9 +798,7 @@ class DTRMode(TorchDispatchMode):
             t = self.version[_storage(leaves[pos])._cdata]
             (const_writes if core.pinned(core.storage_of(t)) else plain_writes).append((pos, t))
 
-        layouts = tuple([((tuple(x.shape), tuple(x.stride()), x.dtype) if not _opaque(x)
-                          else (x.layout, x.dtype)) if isinstance(x, torch.Tensor)  # (Note [Other layouts])
-                         else _hashable(x) for x in leaves])
+        layouts = _layouts(leaves)
         sig = (func, layouts)
         pred = self._predict(func, leaves, spec, sig)
         if pred.sizes is None:  # no meta kernel: run it first, account for it after
@@ -830,6 +849,12 @@ class DTRMode(TorchDispatchMode):
                      rng, cost, None if pending is None else (pending, sig),
                      None if plain_writes or const_writes else layouts)
         return out
+
+    def _native_predict(self, func, args, kwargs) -> Tuple[list, Any, Tuple[Any, ...], _Prediction]:
+        """For the native path, on first sight of a signature: (leaves, spec, layouts, prediction)."""
+        leaves, spec = tree_flatten((args, kwargs))
+        layouts = _layouts(leaves)
+        return leaves, spec, layouts, self._predict(func, leaves, spec, (func, layouts))
 
     # Note [Rebinding a tensor's storage]
     # aten::set_ makes its ``self`` view another storage (or a new empty one):
@@ -915,7 +940,7 @@ class DTRMode(TorchDispatchMode):
             st = _storage(o)
             cdata = st._cdata
             if st.nbytes() != sizes[k]:
-                log.warning("dtr: %s allocated %d bytes where %d were predicted", func, st.nbytes(), sizes[k])
+                _size_warning(func, st.nbytes(), sizes[k])
             version[cdata] = t
             key_of[t] = cdata
             phys[storage_of(t)] = _Buf(st, owned=False)
@@ -1218,6 +1243,7 @@ class DTRMode(TorchDispatchMode):
     def compact(self) -> None:
         """Compact the core's tables and renumber every core id dtr holds (see Note [Compaction])."""
         ops, tensors, storages = self.core.compact()
+        self._compactions += 1
 
         def timed(tag: Any) -> Any:  # a pending measurement's op, renumbered (None: its op was dropped)
             if tag is _REMAT:
@@ -1369,6 +1395,20 @@ def _view_positions(func: Any, out: Any) -> Tuple[int, ...]:
 
 
 _REBINDS = frozenset(getattr(torch.ops.aten.set_, o) for o in torch.ops.aten.set_.overloads())
+
+
+def _size_warning(func: Any, got: int, predicted: int) -> None:
+    log.warning("dtr: %s allocated %d bytes where %d were predicted", func, got, predicted)
+
+
+def _native_op_info(func: Any) -> Tuple[bool, bool, str]:
+    """(whether the native path may run ``func``, whether it is random, its name in logs).
+
+    The native path runs only ops that write nothing (no declared or hidden
+    write: see effects.may_write) and are not aten::set_.
+    """
+    return (func not in _REBINDS and not may_write(func), _SEEDED in func.tags,
+            func._schema.name.split("::")[-1])
 _DEVICE_ARGUMENT: Dict[Any, bool] = {}
 
 

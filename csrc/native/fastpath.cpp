@@ -1,0 +1,1248 @@
+// dtr._native: the runtime's per-op path in C++, built against torch.
+//
+// Note [The native per-op path]
+// DTRMode.__torch_dispatch__ (dtr/runtime/mode.py) is the reference: every
+// rule of the runtime is written there, in Python. This module runs the
+// common op through the same steps without the interpreter: an op whose
+// tensor arguments are all strided tensors on the budget's device, that writes
+// nothing (by its schema or a hidden-write rule), whose output sizes the
+// meta run predicted, and whose cost is known at once (the CPU's wall clock,
+// or the flop model). It reads and writes the *same* state the reference
+// keeps (the mode's dicts, _Buf records, recipes, handles), in the same order,
+// and calls the core through the same bound methods, so the two paths can be
+// interleaved op by op and make the same decisions; tests/test_native.py runs
+// the runtime's tests on both and compares recorded logs line by line.
+// Anything else (first sight of a signature, ops that write, factories,
+// escapes, other layouts, CUDA event timing, full polls, collection,
+// recomputation and eviction, which run from the core's hooks) is the
+// reference's own code, called from here. The core (dtr._C) stays torch-free:
+// this module reaches it only through the C table dtr._C exports for it
+// (csrc/core_api.h, Note [The core's C route]).
+//
+// What is cached here, and why it cannot go stale:
+//  * per op overload: whether it may take this path (no writes, not set_),
+//    whether it is random, and its log name. Cleared when a hidden-write rule
+//    is registered (effects._generation changes).
+//  * per signature (op, the structure of its arguments, every tensor's shape,
+//    strides and dtype, every other argument's value): the reference's
+//    prediction (output sizes, positions), its flatten spec, the layouts its
+//    recipes record, and the flop estimate. All are functions of the
+//    signature. Process-wide, bounded like the reference's cache.
+//  * core tensor -> core storage: fixed for a tensor's life; cleared when the
+//    mode compacts (its _compactions counter changes).
+#include <Python.h>
+#include <structmember.h>
+
+#include <torch/csrc/Device.h>
+#include <torch/csrc/DynamicTypes.h>
+#include <torch/csrc/Dtype.h>
+#include <torch/csrc/Layout.h>
+#include <torch/csrc/MemoryFormat.h>
+#include <torch/csrc/Storage.h>
+#include <torch/csrc/autograd/python_variable.h>
+#include <c10/core/StorageImpl.h>
+
+#include "core_api.h"
+#include <c10/util/intrusive_ptr.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <unordered_map>
+#include <vector>
+
+#ifndef DTR_TORCH_VERSION
+#error "DTR_TORCH_VERSION must name the torch this module is built against (setup.py defines it)"
+#endif
+
+namespace {
+
+// ----------------------------------------------------------------- references
+struct Ref {  // an owned reference
+  PyObject* p = nullptr;
+  Ref() = default;
+  explicit Ref(PyObject* o) : p(o) {}
+  Ref(const Ref&) = delete;
+  Ref& operator=(const Ref&) = delete;
+  Ref(Ref&& o) noexcept : p(o.p) { o.p = nullptr; }
+  Ref& operator=(Ref&& o) noexcept { std::swap(p, o.p); return *this; }
+  ~Ref() { Py_XDECREF(p); }
+  PyObject* get() const { return p; }
+  PyObject* release() { PyObject* r = p; p = nullptr; return r; }
+  explicit operator bool() const { return p != nullptr; }
+};
+
+Ref borrowed(PyObject* o) { Py_XINCREF(o); return Ref(o); }
+
+// --------------------------------------------------------------- environment
+// Set once by configure() (dtr/runtime/native.py): the reference's classes and helpers.
+struct Env {
+  PyObject* slot_type = nullptr;      // mode.Slot
+  PyObject* recipe_type = nullptr;    // mode.Recipe
+  PyTypeObject* buf_type = nullptr;   // mode._Buf
+  Py_ssize_t buf_weak = 0, buf_strong = 0, buf_shared = 0, buf_dropped = 0;  // its slots' offsets
+  PyObject* wall_timer = nullptr;     // timing.WallTimer
+  PyObject* remat_allowance = nullptr;
+  PyObject* thrashing_error = nullptr;
+  PyObject* translated = nullptr;     // core._TRANSLATED
+  PyObject* rng_capture = nullptr;    // mode._rng_capture
+  PyObject* size_warning = nullptr;   // mode._size_warning(func, got, predicted)
+  PyObject* op_info = nullptr;        // mode._native_op_info(func) -> (fast, seeded, name)
+  PyObject* effects = nullptr;        // the effects module (its _generation)
+  long recent_ops = 4, gc_min_ops = 256;
+  size_t max_predictions = 1 << 16;
+  bool ready = false;
+} env;
+
+// Interned attribute names.
+#define DTR_NAMES(X)                                                                                        \
+  X(device_type) X(_opaque_readers) X(timer) X(recorder) X(ops_seen) X(_next_full_poll) X(_poll_on_schedule) \
+  X(_recent_ops) X(version) X(cdata_of) X(phys) X(recipes) X(handle) X(alive) X(_next_handle) X(_ops_at_gc)  \
+  X(_live_after_gc) X(thrash_limit) X(_compactions) X(poll) X(collect) X(_constant) X(_native_predict)         \
+  X(memory) X(peak_memory) X(budget) X(base_compute) X(remat_compute) X(call) X(release) X(_generation)        \
+  X(sizes) X(owning) X(metas) X(estimate) X(mutated) X(device) X(__exit__) X(cost_model) X(measured)        \
+  X(untyped_storage) X(_schedule_full_poll) X(storage_of) X(defined) X(pinned) X(resident) X(storage_refs) X(begin_call)            \
+  X(end_call) X(abort_call) X(op_outputs) X(forget) X(set_remat_limit) X(_core) X(core) X(on_evict) X(_on_evict)
+struct Names {
+#define DTR_DECL(n) PyObject* n = nullptr;
+  DTR_NAMES(DTR_DECL)
+#undef DTR_DECL
+} names;
+
+bool intern_names() {
+#define DTR_INTERN(n) if (!(names.n = PyUnicode_InternFromString(#n))) return false;
+  DTR_NAMES(DTR_INTERN)
+#undef DTR_INTERN
+  return true;
+}
+
+// A slot's offset in a __slots__ class (its member descriptor), or -1.
+Py_ssize_t slot_offset(PyTypeObject* type, const char* name) {
+  PyObject* d = PyDict_GetItemString(type->tp_dict, name);
+  if (d == nullptr || Py_TYPE(d) != &PyMemberDescr_Type) return -1;
+  return reinterpret_cast<PyMemberDescrObject*>(d)->d_member->offset;
+}
+
+PyObject*& slot_at(PyObject* o, Py_ssize_t off) { return *reinterpret_cast<PyObject**>(reinterpret_cast<char*>(o) + off); }
+
+// --------------------------------------------------------------------- buffers
+// The reference's _Buf, read and made here (see mode._Buf). ``weak`` holds a raw
+// weak pointer to the StorageImpl as an int (what UntypedStorage._weak_ref makes).
+c10::StorageImpl* weak_ptr(PyObject* weak) { return static_cast<c10::StorageImpl*>(PyLong_AsVoidPtr(weak)); }
+
+bool weak_expired(PyObject* weak) { return c10::raw::weak_intrusive_ptr::use_count(weak_ptr(weak)) == 0; }
+
+// _Buf.dead(). The reference's ``sys.getrefcount(strong) <= 2`` counts the call's own reference:
+// here, no reference but the buffer's (tests/test_native.py checks that the two agree).
+int buf_dead(PyObject* b) {
+  PyObject* strong = slot_at(b, env.buf_strong);
+  if (strong != nullptr && strong != Py_None) {
+    PyObject* dropped = slot_at(b, env.buf_dropped);
+    int d = dropped ? PyObject_IsTrue(dropped) : 0;
+    if (d != 0) return d;
+    PyObject* shared = slot_at(b, env.buf_shared);
+    int sh = shared ? PyObject_IsTrue(shared) : 0;
+    if (sh <= 0) return sh;
+    if (!THPStorage_Check(strong)) return 0;
+    const c10::Storage& st = THPStorage_Unpack(strong);
+    return c10::raw::intrusive_ptr::use_count(st.unsafeGetStorageImpl()) <= 1 && Py_REFCNT(strong) <= 1;
+  }
+  PyObject* weak = slot_at(b, env.buf_weak);
+  return weak != nullptr && weak != Py_None && weak_expired(weak);
+}
+
+// Whether _Buf.get() is None: held weakly and expired.
+bool buf_gone(PyObject* b) {
+  PyObject* strong = slot_at(b, env.buf_strong);
+  if (strong != nullptr && strong != Py_None) return false;
+  PyObject* weak = slot_at(b, env.buf_weak);
+  return weak == nullptr || weak == Py_None || weak_expired(weak);
+}
+
+// _Buf(storage, owned=False): the program's buffer, held weakly.
+PyObject* new_weak_buf(c10::StorageImpl* impl) {
+  PyObject* b = env.buf_type->tp_alloc(env.buf_type, 0);
+  if (b == nullptr) return nullptr;
+  PyObject* weak = PyLong_FromVoidPtr(c10::raw::intrusive_ptr::make_weak(impl));
+  if (weak == nullptr) { Py_DECREF(b); return nullptr; }
+  slot_at(b, env.buf_weak) = weak;
+  Py_INCREF(Py_None); slot_at(b, env.buf_strong) = Py_None;
+  Py_INCREF(Py_False); slot_at(b, env.buf_shared) = Py_False;
+  Py_INCREF(Py_False); slot_at(b, env.buf_dropped) = Py_False;
+  PyObject_GC_UnTrack(b);  // see Note [Untracked records]
+  return b;
+}
+
+// Note [Untracked records]
+// The records this path leaves behind for every op (a _Buf, a Recipe with its
+// leaves, Slots and output pairs) live as long as their storage or op, and
+// Python's cyclic GC would traverse each of them at every full collection: a
+// block's full collections scan everything the block created (budget.py's
+// Note [Garbage collection during a block]), about a quarter of this path's
+// time on a chain of small ops. None of them can be part of a reference cycle
+// (mode.py's Note [Recipes and the cyclic GC]: they hold ops, ints, tuples,
+// dtypes, storages and generator states, nothing that refers back to a
+// record), so they are untracked when made: they are freed by reference
+// counting as before, and the collector never visits them.
+void untrack(PyObject* o) {
+  if (PyObject_GC_IsTracked(o)) PyObject_GC_UnTrack(o);
+}
+
+// ------------------------------------------------------------------ signatures
+enum Tag : int64_t { kTuple = 1, kList, kTensor, kNone, kFalse, kTrue, kInt, kFloat, kStr, kSingleton, kDevice,
+                     kKwargs, kKey };
+
+struct Leaf {
+  PyObject* obj;  // borrowed
+  bool tensor;
+};
+
+// One op's arguments, flattened in the reference's order (mode.tree_flatten), and its signature.
+struct Scan {
+  std::vector<int64_t> key;
+  std::vector<Leaf> leaves;
+  std::vector<int> tpos;  // leaf positions of the tensors
+  c10::DeviceType device;
+  bool ok = true;
+};
+
+void push_str(std::vector<int64_t>& key, PyObject* s) {
+  Py_ssize_t n = 0;
+  const char* c = PyUnicode_AsUTF8AndSize(s, &n);
+  if (c == nullptr) { PyErr_Clear(); key.push_back(-1); return; }
+  key.push_back(kStr);
+  key.push_back(n);
+  for (Py_ssize_t i = 0; i < n; i += 8) {
+    int64_t w = 0;
+    std::memcpy(&w, c + i, std::min<Py_ssize_t>(8, n - i));
+    key.push_back(w);
+  }
+}
+
+// False: a value this path does not take (the op goes to the reference).
+bool scan_value(PyObject* x, Scan& s) {
+  auto& key = s.key;
+  if (PyTuple_Check(x) || PyList_Check(x)) {  // (subclasses too: the reference's isinstance)
+    bool list = PyList_Check(x);
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(x);
+    key.push_back(list ? kList : kTuple);
+    key.push_back(n);
+    PyObject** items = PySequence_Fast_ITEMS(x);
+    for (Py_ssize_t i = 0; i < n; ++i)
+      if (!scan_value(items[i], s)) return false;
+    return true;
+  }
+  if (THPVariable_Check(x)) {
+    const at::Tensor& t = THPVariable_Unpack(x);
+    if (!t.defined() || t.layout() != c10::kStrided || t.is_nested() || t.is_meta() || t.device().type() != s.device)
+      return false;  // untracked tensors: the reference decides
+    key.push_back(kTensor);
+    key.push_back(static_cast<int64_t>(t.scalar_type()));
+    int64_t d = t.dim();
+    key.push_back(d);
+    for (int64_t v : t.sizes()) key.push_back(v);
+    for (int64_t v : t.strides()) key.push_back(v);
+    s.tpos.push_back(static_cast<int>(s.leaves.size()));
+    s.leaves.push_back({x, true});
+    return true;
+  }
+  if (x == Py_None) {
+    key.push_back(kNone);
+  } else if (x == Py_False || x == Py_True) {
+    key.push_back(x == Py_True ? kTrue : kFalse);
+  } else if (PyLong_CheckExact(x)) {
+    int overflow = 0;
+    long long v = PyLong_AsLongLongAndOverflow(x, &overflow);
+    if (overflow != 0) return false;
+    key.push_back(kInt);
+    key.push_back(v);
+  } else if (PyFloat_CheckExact(x)) {
+    double v = PyFloat_AS_DOUBLE(x);
+    int64_t bits;
+    std::memcpy(&bits, &v, sizeof bits);
+    key.push_back(kFloat);
+    key.push_back(bits);
+  } else if (PyUnicode_CheckExact(x)) {
+    push_str(key, x);
+  } else if (THPDtype_Check(x) || THPLayout_Check(x) || THPMemoryFormat_Check(x)) {
+    key.push_back(kSingleton);  // torch's own immortal singletons: identity is value
+    key.push_back(reinterpret_cast<int64_t>(x));
+  } else if (THPDevice_Check(x)) {
+    const c10::Device& d = reinterpret_cast<THPDevice*>(x)->device;
+    key.push_back(kDevice);
+    key.push_back(static_cast<int64_t>(d.type()));
+    key.push_back(d.index());
+  } else {
+    return false;  // generators, symbolic values, other objects: the reference's path
+  }
+  s.leaves.push_back({x, false});
+  return true;
+}
+
+bool scan_args(PyObject* func, PyObject* args, PyObject* kwargs, Scan& s) {
+  s.key.push_back(kKey);
+  s.key.push_back(reinterpret_cast<int64_t>(func));
+  if (!scan_value(args, s)) return false;
+  if (kwargs != nullptr) {
+    s.key.push_back(kKwargs);
+    s.key.push_back(PyDict_GET_SIZE(kwargs));
+    Py_ssize_t pos = 0;
+    PyObject *k, *v;
+    while (PyDict_Next(kwargs, &pos, &k, &v)) {
+      if (!PyUnicode_Check(k)) return false;
+      push_str(s.key, k);
+      if (!scan_value(v, s)) return false;
+    }
+  }
+  return true;
+}
+
+struct KeyHash {
+  size_t operator()(const std::vector<int64_t>& k) const {
+    uint64_t h = 1469598103934665603ull;
+    for (int64_t v : k) {
+      h ^= static_cast<uint64_t>(v) + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
+    }
+    return static_cast<size_t>(h);
+  }
+};
+
+// What the reference predicted for one signature, and what its recipes record.
+struct Entry {
+  bool ok = false;                       // sizes known and the leaves agree with the reference's
+  std::vector<int64_t> sizes;            // bytes of each output that owns a new storage
+  std::vector<int> owning;               // their positions among the flattened outputs
+  int64_t total = 0;
+  Ref func, spec, metas;                 // the op (kept alive: the key holds its address)
+  std::vector<Ref> lay_size, lay_stride, lay_dtype;  // per tensor leaf: (shape, stride, dtype) as recorded
+  double flops = -1;                     // the flop estimate, once computed
+  Ref flops_model;                       // by this cost model (each has its own cache)
+};
+
+// (Never destroyed: their references must not be released after the interpreter is gone.)
+auto& predictions = *new std::unordered_map<std::vector<int64_t>, Entry, KeyHash>();
+
+struct OpInfo {
+  bool fast = false, seeded = false;
+  Ref name;
+};
+auto& op_infos = *new std::unordered_map<PyObject*, OpInfo>();  // keys kept alive by op_keepalive
+auto& op_keepalive = *new std::vector<Ref>();
+long op_generation = -1;
+
+// ------------------------------------------------------------------- the path
+const DtrCoreApi* api = nullptr;  // dtr._C's table (Note [The core's C route])
+
+struct FastPath {
+  PyObject_HEAD
+  PyObject* mode;      // owned
+  PyObject* dict;      // the mode's __dict__, owned
+  PyObject* fallback;  // DTRMode.__torch_dispatch__ (the class's function), owned
+  PyObject* core;      // the wrapped _C.Core, owned (it keeps `c` alive)
+  void* c;             // its address, for the C route (core_api.h)
+  PyObject* cost_model;  // owned
+  bool measured;
+  std::vector<int>* storage_cache;  // core tensor -> storage (-1: not asked yet)
+  long compactions;
+  c10::DeviceType device;
+  PyObject* device_name;  // the mode's device_type when `device` was parsed (owned), or null
+  uint64_t native_ops, fallback_ops;
+  vectorcallfunc vectorcall;
+};
+
+PyObject* get(FastPath* f, PyObject* name) {  // borrowed; null with no error set if missing
+  return PyDict_GetItemWithError(f->dict, name);
+}
+
+long get_long(FastPath* f, PyObject* name) {
+  PyObject* v = get(f, name);
+  return v ? PyLong_AsLong(v) : -1;
+}
+
+bool set_long(FastPath* f, PyObject* name, long v) {
+  Ref o(PyLong_FromLong(v));
+  return o && PyDict_SetItem(f->dict, name, o.get()) == 0;
+}
+
+Ref call1(PyObject* fn, PyObject* a) { return Ref(PyObject_CallOneArg(fn, a)); }
+
+
+// A core method failed: raise what dtr.core's _TRANSLATED makes of its exception (one owner of that rule).
+void translate_error() {
+  PyObject *t, *v, *tb;
+  PyErr_Fetch(&t, &v, &tb);
+  PyErr_NormalizeException(&t, &v, &tb);
+  if (tb != nullptr && v != nullptr) PyException_SetTraceback(v, tb);
+  PyObject* r = PyObject_CallMethodObjArgs(env.translated, names.__exit__, t ? t : Py_None, v ? v : Py_None,
+                                           tb ? tb : Py_None, nullptr);
+  if (r == nullptr) {  // translated: the new exception is set
+    Py_XDECREF(t); Py_XDECREF(v); Py_XDECREF(tb);
+    return;
+  }
+  Py_DECREF(r);
+  PyErr_Restore(t, v, tb);
+}
+
+// core.storage_of(t), cached (see the header).
+int storage_of(FastPath* f, long t) {
+  long c = get_long(f, names._compactions);
+  if (c != f->compactions) {
+    f->storage_cache->clear();
+    f->compactions = c;
+  }
+  auto& cache = *f->storage_cache;
+  if (t >= 0 && static_cast<size_t>(t) < cache.size() && cache[t] >= 0) return cache[t];
+  int s = api->storage_of(f->c, static_cast<int>(t));
+  if (s < 0) return -1;
+  if (static_cast<size_t>(t) >= cache.size()) cache.resize(std::max<size_t>(2 * cache.size(), t + 64), -1);
+  cache[t] = static_cast<int>(s);
+  return static_cast<int>(s);
+}
+
+
+// The buffer of core storage s (borrowed), or null (with an error set if the lookup failed).
+PyObject* phys_of(FastPath* f, PyObject* phys, int s) {
+  Ref key(PyLong_FromLong(s));
+  if (!key) return nullptr;
+  PyObject* b = PyDict_GetItemWithError(phys, key.get());
+  if (b == nullptr && !PyErr_Occurred()) PyErr_Format(PyExc_KeyError, "%d", s);
+  return b;
+}
+
+// DTRMode._track: the current version of x's storage; a constant on first sight.
+long track(FastPath* f, PyObject* x) {
+  const at::Tensor& t = THPVariable_Unpack(x);
+  c10::StorageImpl* impl = t.storage().unsafeGetStorageImpl();
+  Ref cdata(PyLong_FromVoidPtr(impl));
+  if (!cdata) return -1;
+  PyObject* version = get(f, names.version);
+  PyObject* v = PyDict_GetItemWithError(version, cdata.get());
+  if (v == nullptr && PyErr_Occurred()) return -1;
+  if (v != nullptr) {
+    long tv = PyLong_AsLong(v);
+    int s = storage_of(f, tv);
+    if (s < 0) return -1;
+    PyObject* b = phys_of(f, get(f, names.phys), s);
+    if (b == nullptr) return -1;
+    int dead = buf_dead(b);
+    if (dead < 0) return -1;
+    if (!dead) return tv;
+  }
+  // (the address of a storage that died since the last poll, reused; or first sight)
+  Ref st(PyObject_CallMethodNoArgs(x, names.untyped_storage));
+  if (!st) return -1;
+  Ref r(PyObject_CallMethodOneArg(f->mode, names._constant, st.get()));
+  return r ? PyLong_AsLong(r.get()) : -1;
+}
+
+// DTRMode._release for an activation the program dropped.
+bool release(FastPath* f, PyObject* h) {
+  PyObject* alive = get(f, names.alive);
+  Ref t = borrowed(PyDict_GetItemWithError(alive, h));
+  if (!t || PyDict_DelItem(alive, h) < 0) return false;
+  PyObject* cdata_of = get(f, names.cdata_of);
+  Ref cdata = borrowed(PyDict_GetItemWithError(cdata_of, t.get()));
+  if (cdata) {
+    if (PyDict_DelItem(cdata_of, t.get()) < 0) return false;
+    PyObject* version = get(f, names.version);
+    PyObject* cur = PyDict_GetItemWithError(version, cdata.get());
+    if (cur != nullptr) {
+      int eq = PyObject_RichCompareBool(cur, t.get(), Py_EQ);
+      if (eq < 0 || (eq && PyDict_DelItem(version, cdata.get()) < 0)) return false;
+    }
+  }
+  if (PyErr_Occurred()) return false;
+  PyObject* recorder = get(f, names.recorder);
+  if (recorder != nullptr && recorder != Py_None) {
+    Ref r(PyObject_CallMethodOneArg(recorder, names.release, h));
+    if (!r) return false;
+  }
+  long tv = PyLong_AsLong(t.get());
+  if (api->release(f->c, static_cast<int>(tv)) < 0) { translate_error(); return false; }
+  int s = storage_of(f, tv);
+  if (s < 0) return false;
+  int res = api->resident(f->c, s);
+  if (res < 0) return false;
+  if (res) {
+    int64_t refs = api->storage_refs(f->c, s);
+    if (refs < 0) return false;
+    if (refs == 0) {  // kept for an evicted dependent
+      Ref key(PyLong_FromLong(s));
+      PyObject* b = PyDict_GetItemWithError(get(f, names.phys), key.get());
+      if (b == nullptr && PyErr_Occurred()) return false;
+      if (b == nullptr || buf_gone(b)) {  // but its memory is gone: it must be recomputed
+        if (api->forget(f->c, s) < 0) return false;
+      }
+    }
+  }
+  return true;
+}
+
+// Whether the handle's storage is dead (its buffer says so); -1 on error. Appends dead constants' info.
+int handle_dead(FastPath* f, PyObject* alive, PyObject* phys, PyObject* h, bool* constant) {
+  PyObject* t = PyDict_GetItemWithError(alive, h);
+  if (t == nullptr) return PyErr_Occurred() ? -1 : 0;
+  int s = storage_of(f, PyLong_AsLong(t));
+  if (s < 0) return -1;
+  PyObject* b = phys_of(f, phys, s);
+  if (b == nullptr) return -1;
+  int d = buf_dead(b);
+  if (d <= 0) return d;
+  int p = api->pinned(f->c, s);
+  if (p < 0) return -1;
+  *constant = *constant || p;
+  return 1;
+}
+
+// DTRMode.poll(handles) over the last ops' handles; what it cannot settle alone goes to the reference.
+bool poll_recent(FastPath* f, PyObject* recent) {
+  // Each handle once, in order (the reference's dict.fromkeys; equal handles are one object).
+  std::vector<PyObject*> handles;
+  Py_ssize_t n = PyList_GET_SIZE(recent);
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    PyObject* hs = PyList_GET_ITEM(recent, i);
+    Py_ssize_t m = PyList_GET_SIZE(hs);
+    for (Py_ssize_t j = 0; j < m; ++j) {
+      PyObject* h = PyList_GET_ITEM(hs, j);
+      if (std::find(handles.begin(), handles.end(), h) == handles.end()) handles.push_back(h);
+    }
+  }
+  PyObject* alive = get(f, names.alive);
+  PyObject* phys = get(f, names.phys);
+  std::vector<PyObject*> dead;
+  bool constant = false;
+  for (PyObject* h : handles) {
+    int d = handle_dead(f, alive, phys, h, &constant);
+    if (d < 0) return false;
+    if (d) dead.push_back(h);
+  }
+  if (dead.empty()) return true;
+  if (constant) {  // a dropped constant: the reference decides (Note [Keeping a dead constant])
+    Ref list(PyList_New(static_cast<Py_ssize_t>(handles.size())));
+    if (!list) return false;
+    for (size_t i = 0; i < handles.size(); ++i) {
+      Py_INCREF(handles[i]);
+      PyList_SET_ITEM(list.get(), i, handles[i]);
+    }
+    Ref r(PyObject_CallMethodOneArg(f->mode, names.poll, list.get()));
+    return static_cast<bool>(r);
+  }
+  std::vector<Ref> keep;  // (releasing drops the recent lists' references? no: but the handles may go)
+  for (PyObject* d : dead) keep.push_back(borrowed(d));
+  for (PyObject* d : dead)
+    if (!release(f, d)) return false;
+  return true;
+}
+
+// DTRMode.poll(): the scheduled full poll. The scan for dead storages runs here; only when it finds
+// one does the reference's poll() run (it scans again and releases, protects or keeps).
+bool poll_full(FastPath* f) {
+  Ref r(PyObject_CallMethodNoArgs(f->mode, names._schedule_full_poll));
+  if (!r) return false;
+  PyObject* alive = get(f, names.alive);
+  PyObject* phys = get(f, names.phys);
+  Py_ssize_t pos = 0;
+  PyObject *h, *t;
+  bool any = false;
+  while (PyDict_Next(alive, &pos, &h, &t)) {
+    int s = storage_of(f, PyLong_AsLong(t));
+    if (s < 0) return false;
+    PyObject* b = phys_of(f, phys, s);
+    if (b == nullptr) return false;
+    int d = buf_dead(b);
+    if (d < 0) return false;
+    if (d) { any = true; break; }
+  }
+  if (!any) return true;
+  Ref r2(PyObject_CallMethodNoArgs(f->mode, names.poll));
+  return static_cast<bool>(r2);
+}
+
+PyObject* new_handle(FastPath* f) {
+  long n = get_long(f, names._next_handle) + 1;
+  if (n <= 0 || !set_long(f, names._next_handle, n)) return nullptr;
+  return PyUnicode_FromFormat("t%ld", n);
+}
+
+// A Slot(tensor, offset, size, stride, dtype) (a NamedTuple: a tuple of its class).
+PyObject* new_slot(long t, int64_t offset, PyObject* size, PyObject* stride, PyObject* dtype) {
+  PyTypeObject* type = reinterpret_cast<PyTypeObject*>(env.slot_type);
+  PyObject* s = type->tp_alloc(type, 5);
+  if (s == nullptr) return nullptr;
+  PyObject* a = PyLong_FromLong(t);
+  PyObject* b = PyLong_FromLongLong(offset);
+  if (a == nullptr || b == nullptr) { Py_XDECREF(a); Py_XDECREF(b); Py_DECREF(s); return nullptr; }
+  Py_INCREF(size); Py_INCREF(stride); Py_INCREF(dtype);
+  PyTuple_SET_ITEM(s, 0, a); PyTuple_SET_ITEM(s, 1, b); PyTuple_SET_ITEM(s, 2, size);
+  PyTuple_SET_ITEM(s, 3, stride); PyTuple_SET_ITEM(s, 4, dtype);
+  untrack(s);  // see Note [Untracked records]
+  return s;
+}
+
+PyObject* int_tuple(c10::IntArrayRef v) {
+  PyObject* t = PyTuple_New(static_cast<Py_ssize_t>(v.size()));
+  if (t == nullptr) return nullptr;
+  for (size_t i = 0; i < v.size(); ++i) {
+    PyObject* x = PyLong_FromLongLong(v[i]);
+    if (x == nullptr) { Py_DECREF(t); return nullptr; }
+    PyTuple_SET_ITEM(t, i, x);
+  }
+  untrack(t);  // (ints only)
+  return t;
+}
+
+
+void flatten_out(PyObject* x, std::vector<PyObject*>& out) {  // mode.tree_flatten of a result
+  if (PyTuple_Check(x) || PyList_Check(x)) {
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(x);
+    PyObject** items = PySequence_Fast_ITEMS(x);
+    for (Py_ssize_t i = 0; i < n; ++i) flatten_out(items[i], out);
+    return;
+  }
+  out.push_back(x);
+}
+
+const OpInfo* op_info(PyObject* func) {
+  Ref gen(PyObject_GetAttr(env.effects, names._generation));
+  if (!gen) return nullptr;
+  long g = PyLong_AsLong(gen.get());
+  if (g != op_generation) {
+    op_infos.clear();
+    op_keepalive.clear();
+    op_generation = g;
+  }
+  auto it = op_infos.find(func);
+  if (it != op_infos.end()) return &it->second;
+  Ref r = call1(env.op_info, func);
+  if (!r) return nullptr;
+  OpInfo info;
+  PyObject *fast, *seeded, *name;
+  if (!PyArg_ParseTuple(r.get(), "OOO", &fast, &seeded, &name)) return nullptr;
+  info.fast = PyObject_IsTrue(fast) == 1;
+  info.seeded = PyObject_IsTrue(seeded) == 1;
+  info.name = borrowed(name);
+  op_keepalive.push_back(borrowed(func));
+  return &op_infos.emplace(func, std::move(info)).first->second;
+}
+
+// The signature's entry: on first sight, the reference predicts (DTRMode._native_predict).
+Entry* entry_for(FastPath* f, PyObject* func, PyObject* args, PyObject* kwargs, Scan& s) {
+  auto it = predictions.find(s.key);
+  if (it != predictions.end()) return &it->second;
+  Ref kw = kwargs ? borrowed(kwargs) : Ref(PyDict_New());
+  Ref r(kw ? PyObject_CallMethodObjArgs(f->mode, names._native_predict, func, args, kw.get(), nullptr) : nullptr);
+  if (!r) return nullptr;
+  PyObject *leaves, *spec, *layouts, *pred;
+  if (!PyArg_ParseTuple(r.get(), "OOOO", &leaves, &spec, &layouts, &pred)) return nullptr;
+  Entry e;
+  e.func = borrowed(func);
+  e.spec = borrowed(spec);
+  Ref sizes(PyObject_GetAttr(pred, names.sizes)), owning(PyObject_GetAttr(pred, names.owning));
+  e.metas = Ref(PyObject_GetAttr(pred, names.metas));
+  if (!sizes || !owning || !e.metas) return nullptr;
+  bool agree = PyList_Check(leaves) && PyList_GET_SIZE(leaves) == static_cast<Py_ssize_t>(s.leaves.size());
+  for (size_t i = 0; agree && i < s.leaves.size(); ++i)
+    agree = (PyList_GET_ITEM(leaves, i) == s.leaves[i].obj);
+  if (agree && sizes.get() != Py_None) {
+    e.ok = true;
+    Ref sz(PySequence_Fast(sizes.get(), "sizes")), ow(PySequence_Fast(owning.get(), "owning"));
+    if (!sz || !ow) return nullptr;
+    for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(sz.get()); ++i) {
+      e.sizes.push_back(PyLong_AsLongLong(PySequence_Fast_GET_ITEM(sz.get(), i)));
+      e.total += e.sizes.back();
+    }
+    for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(ow.get()); ++i)
+      e.owning.push_back(static_cast<int>(PyLong_AsLong(PySequence_Fast_GET_ITEM(ow.get(), i))));
+    for (int p : s.tpos) {  // layouts[p] = (shape, stride, dtype)
+      PyObject* lay = PyTuple_GetItem(layouts, p);
+      if (lay == nullptr || !PyTuple_Check(lay) || PyTuple_GET_SIZE(lay) != 3) return nullptr;
+      e.lay_size.push_back(borrowed(PyTuple_GET_ITEM(lay, 0)));
+      e.lay_stride.push_back(borrowed(PyTuple_GET_ITEM(lay, 1)));
+      e.lay_dtype.push_back(borrowed(PyTuple_GET_ITEM(lay, 2)));
+    }
+    if (PyErr_Occurred()) return nullptr;
+  }
+  if (predictions.size() >= env.max_predictions) predictions.clear();  // (the reference's bound)
+  return &predictions.emplace(s.key, std::move(e)).first->second;
+}
+
+PyObject* run_fallback(FastPath* f, PyObject* func, PyObject* types, PyObject* args, PyObject* kwargs) {
+  f->fallback_ops++;
+  PyObject* a[5] = {f->mode, func, types, args, kwargs ? kwargs : Py_None};
+  return PyObject_Vectorcall(f->fallback, a, 5, nullptr);
+}
+
+// remat_allowance(thrash_limit, core.base_compute) (dtr.semantics owns the rule).
+double allowance(FastPath* f, PyObject* limit) {
+  Ref base(PyFloat_FromDouble(api->base_compute(f->c)));
+  if (!base) return NAN;
+  PyObject* a[2] = {limit, base.get()};
+  Ref r(PyObject_Vectorcall(env.remat_allowance, a, 2, nullptr));
+  return r ? PyFloat_AsDouble(r.get()) : NAN;
+}
+
+// Everything after the op ran (DTRMode._commit for an op that writes nothing).
+PyObject* commit(FastPath* f, PyObject* func, const OpInfo* info, Entry* e, Scan& s, const std::vector<long>& ins,
+                 long op, PyObject* out, double cost, PyObject* rng) {
+  Ref out_ref = borrowed(out);
+  std::vector<PyObject*> flat;
+  flatten_out(out, flat);
+  std::vector<int> outs(e->sizes.size() + 1);
+  int n_outs = api->op_outputs(f->c, static_cast<int>(op), outs.data(), static_cast<int>(outs.size()));
+  if (n_outs < 0) return nullptr;
+  std::vector<long> new_tensors;
+  for (size_t k = 0; k < e->sizes.size(); ++k) new_tensors.push_back(outs[k]);
+  PyObject* version = get(f, names.version);
+  PyObject* cdata_of = get(f, names.cdata_of);
+  PyObject* phys = get(f, names.phys);
+  PyObject* handle = get(f, names.handle);
+  PyObject* alive = get(f, names.alive);
+  Ref out_slots(PyTuple_New(static_cast<Py_ssize_t>(e->owning.size())));
+  if (!out_slots) return nullptr;
+  for (size_t k = 0; k < e->owning.size(); ++k) {
+    int pos = e->owning[k];
+    PyObject* o = pos < static_cast<int>(flat.size()) ? flat[pos] : nullptr;
+    if (o == nullptr || !THPVariable_Check(o)) {
+      PyErr_Format(PyExc_RuntimeError, "dtr internal error: output %d of %R is not a tensor; please report this",
+                   pos, func);
+      return nullptr;
+    }
+    const at::Tensor& ot = THPVariable_Unpack(o);
+    c10::StorageImpl* impl = ot.storage().unsafeGetStorageImpl();
+    if (static_cast<int64_t>(impl->nbytes()) != e->sizes[k]) {
+      Ref got(PyLong_FromSize_t(impl->nbytes())), want(PyLong_FromLongLong(e->sizes[k]));
+      PyObject* a[3] = {func, got.get(), want.get()};
+      Ref w(PyObject_Vectorcall(env.size_warning, a, 3, nullptr));
+      if (!w) return nullptr;
+    }
+    long t = new_tensors[k];
+    Ref cdata(PyLong_FromVoidPtr(impl)), tk(PyLong_FromLong(t));
+    int st = storage_of(f, t);
+    if (!cdata || !tk || st < 0) return nullptr;
+    Ref sk(PyLong_FromLong(st));
+    Ref buf(new_weak_buf(impl));
+    Ref h(new_handle(f));
+    if (!sk || !buf || !h) return nullptr;
+    if (PyDict_SetItem(version, cdata.get(), tk.get()) < 0 || PyDict_SetItem(cdata_of, tk.get(), cdata.get()) < 0 ||
+        PyDict_SetItem(phys, sk.get(), buf.get()) < 0 || PyDict_SetItem(handle, tk.get(), h.get()) < 0 ||
+        PyDict_SetItem(alive, h.get(), tk.get()) < 0)
+      return nullptr;
+    Ref size(int_tuple(ot.sizes())), stride(int_tuple(ot.strides()));
+    if (!size || !stride) return nullptr;
+    PyObject* dtype = reinterpret_cast<PyObject*>(torch::getTHPDtype(ot.scalar_type()));
+    Ref slot(new_slot(t, ot.storage_offset(), size.get(), stride.get(), dtype));
+    Ref p(PyLong_FromLong(pos));
+    if (!slot || !p) return nullptr;
+    PyObject* pair = PyTuple_Pack(2, p.get(), slot.get());
+    if (pair == nullptr) return nullptr;
+    untrack(pair);
+    PyTuple_SET_ITEM(out_slots.get(), k, pair);
+  }
+  auto handles_of = [&](const std::vector<long>& ts, bool skip_missing) -> Ref {
+    Ref l(PyList_New(0));
+    if (!l) return Ref();
+    for (long t : ts) {
+      Ref tk(PyLong_FromLong(t));
+      PyObject* h = tk ? PyDict_GetItemWithError(handle, tk.get()) : nullptr;
+      if (h == nullptr) {
+        if (PyErr_Occurred() || !tk) return Ref();
+        if (skip_missing) continue;
+        PyErr_Format(PyExc_KeyError, "%ld", t);
+        return Ref();
+      }
+      if (PyList_Append(l.get(), h) < 0) return Ref();
+    }
+    return l;
+  };
+  PyObject* recorder = get(f, names.recorder);
+  Ref sizes_list;
+  {
+    PyObject* l = PyList_New(static_cast<Py_ssize_t>(e->sizes.size()));
+    if (l == nullptr) return nullptr;
+    for (size_t k = 0; k < e->sizes.size(); ++k) PyList_SET_ITEM(l, k, PyLong_FromLongLong(e->sizes[k]));
+    sizes_list = Ref(l);
+  }
+  Ref cost_obj(PyFloat_FromDouble(cost));
+  if (!cost_obj) return nullptr;
+  if (recorder != nullptr && recorder != Py_None) {
+    Ref in_h = handles_of(ins, false), out_h = handles_of(new_tensors, false);
+    Ref mutated(PyList_New(0));
+    Ref kw(PyDict_New());
+    if (!in_h || !out_h || !mutated || !kw || PyDict_SetItem(kw.get(), names.mutated, mutated.get()) < 0)
+      return nullptr;
+    Ref meth(PyObject_GetAttr(recorder, names.call));
+    Ref a(PyTuple_Pack(5, info->name.get(), in_h.get(), out_h.get(), sizes_list.get(), cost_obj.get()));
+    if (!meth || !a) return nullptr;
+    Ref r(PyObject_Call(meth.get(), a.get(), kw.get()));
+    if (!r) return nullptr;
+  }
+  if (api->end_call(f->c, static_cast<int>(op), cost) < 0) { translate_error(); return nullptr; }
+  {  // the handles this op read and made, for the next ops' polls
+    Ref hs = handles_of(ins, true);
+    Ref more = handles_of(new_tensors, false);
+    if (!hs || !more) return nullptr;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(more.get()); ++i)
+      if (PyList_Append(hs.get(), PyList_GET_ITEM(more.get(), i)) < 0) return nullptr;
+    PyObject* recent = get(f, names._recent_ops);
+    if (PyList_Append(recent, hs.get()) < 0) return nullptr;
+    if (PyList_GET_SIZE(recent) > env.recent_ops && PySequence_DelItem(recent, 0) < 0) return nullptr;
+  }
+  if (!e->owning.empty()) {  // the recipe (ops that produce nothing are never recomputed)
+    Ref rleaves(PyTuple_New(static_cast<Py_ssize_t>(s.leaves.size())));
+    if (!rleaves) return nullptr;
+    size_t k = 0;
+    for (size_t i = 0; i < s.leaves.size(); ++i) {
+      PyObject* x = s.leaves[i].obj;
+      if (s.leaves[i].tensor) {
+        const at::Tensor& t = THPVariable_Unpack(x);
+        PyObject* slot = new_slot(ins[k], t.storage_offset(), e->lay_size[k].get(), e->lay_stride[k].get(),
+                                  e->lay_dtype[k].get());
+        if (slot == nullptr) return nullptr;
+        PyTuple_SET_ITEM(rleaves.get(), i, slot);
+        ++k;
+      } else {
+        Py_INCREF(x);
+        PyTuple_SET_ITEM(rleaves.get(), i, x);
+      }
+    }
+    PyTypeObject* rt = reinterpret_cast<PyTypeObject*>(env.recipe_type);
+    PyObject* recipe = rt->tp_alloc(rt, 6);
+    if (recipe == nullptr) return nullptr;
+    Ref rec(recipe);
+    Ref empty(PyTuple_New(0));
+    if (!empty) return nullptr;
+    Py_INCREF(func); PyTuple_SET_ITEM(recipe, 0, func);
+    PyTuple_SET_ITEM(recipe, 1, rleaves.release());
+    Py_INCREF(e->spec.get()); PyTuple_SET_ITEM(recipe, 2, e->spec.get());
+    PyTuple_SET_ITEM(recipe, 3, out_slots.release());
+    PyTuple_SET_ITEM(recipe, 4, empty.release());
+    Py_INCREF(rng); PyTuple_SET_ITEM(recipe, 5, rng);
+    untrack(recipe);  // (and its leaves and outputs: see Note [Untracked records])
+    untrack(PyTuple_GET_ITEM(recipe, 1));
+    untrack(PyTuple_GET_ITEM(recipe, 3));
+    Ref opk(PyLong_FromLong(op));
+    if (!opk || PyDict_SetItem(get(f, names.recipes), opk.get(), recipe) < 0) return nullptr;
+  }
+  long ops_seen = get_long(f, names.ops_seen);
+  if (ops_seen - get_long(f, names._ops_at_gc) > std::max(env.gc_min_ops, get_long(f, names._live_after_gc))) {
+    Ref r(PyObject_CallMethodNoArgs(f->mode, names.collect));
+    if (!r) return nullptr;
+  }
+  PyObject* limit = get(f, names.thrash_limit);
+  double lim = limit ? PyFloat_AsDouble(limit) : INFINITY;
+  if (std::isfinite(lim)) {
+    double allowed = allowance(f, limit);
+    double rc = api->remat_compute(f->c);
+    if (PyErr_Occurred()) return nullptr;
+    if (rc > allowed) {
+      Ref msg(PyUnicode_FromFormat("while running %S", func));
+      Ref a(PyFloat_FromDouble(rc)), b(PyFloat_FromDouble(allowed));
+      Ref exc(msg && a && b ? PyObject_CallFunctionObjArgs(env.thrashing_error, a.get(), b.get(), msg.get(), nullptr)
+                            : nullptr);
+      if (exc) PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(exc.get())), exc.get());
+      return nullptr;
+    }
+  }
+  return out_ref.release();
+}
+
+PyObject* fast_call(FastPath* f, PyObject* func, PyObject* types, PyObject* args, PyObject* kwargs) {
+  if (kwargs == Py_None || (kwargs != nullptr && PyDict_GET_SIZE(kwargs) == 0)) kwargs = nullptr;
+  // Whether this op may take the path at all (nothing here changes any state).
+  PyObject* device_type = get(f, names.device_type);
+  PyObject* opaque = get(f, names._opaque_readers);
+  PyObject* timer = get(f, names.timer);
+  if (device_type == nullptr || device_type == Py_None || !PyUnicode_Check(device_type) ||
+      (opaque != nullptr && PyDict_Check(opaque) && PyDict_GET_SIZE(opaque) > 0) || timer == nullptr ||
+      (f->measured && reinterpret_cast<PyObject*>(Py_TYPE(timer)) != env.wall_timer) || !PyTuple_Check(args)) {
+    if (PyErr_Occurred()) return nullptr;
+    return run_fallback(f, func, types, args, kwargs);
+  }
+  if (device_type != f->device_name) {
+    const char* name = PyUnicode_AsUTF8(device_type);
+    if (name == nullptr) return nullptr;
+    try {
+      f->device = c10::Device(std::string(name)).type();
+    } catch (const std::exception&) {
+      return run_fallback(f, func, types, args, kwargs);
+    }
+    Py_INCREF(device_type);
+    Py_XSETREF(f->device_name, device_type);
+  }
+  const OpInfo* info = op_info(func);
+  if (info == nullptr) return nullptr;
+  if (!info->fast) return run_fallback(f, func, types, args, kwargs);
+  Scan s;
+  s.device = f->device;
+  s.key.reserve(64);
+  if (!scan_args(func, args, kwargs, s) || s.tpos.empty()) {
+    if (PyErr_Occurred()) return nullptr;
+    return run_fallback(f, func, types, args, kwargs);
+  }
+  Entry* e = entry_for(f, func, args, kwargs, s);
+  if (e == nullptr) return nullptr;
+  if (!e->ok) return run_fallback(f, func, types, args, kwargs);
+  f->native_ops++;
+
+  // From here on, the reference's __torch_dispatch__ step by step.
+  long ops_seen = get_long(f, names.ops_seen) + 1;
+  if (ops_seen <= 0 || !set_long(f, names.ops_seen, ops_seen)) return nullptr;
+  std::vector<long> ins;
+  ins.reserve(s.tpos.size());
+  for (int p : s.tpos) {
+    long t = track(f, s.leaves[p].obj);
+    if (t < 0) return nullptr;
+    ins.push_back(t);
+  }
+  int64_t need = api->memory(f->c) + e->total;
+  int64_t budget = api->budget(f->c);
+  bool full = false;
+  if (ops_seen >= get_long(f, names._next_full_poll)) {
+    PyObject* on_schedule = get(f, names._poll_on_schedule);
+    if (on_schedule == Py_True) {
+      full = true;
+    } else {
+      full = need > api->peak_memory(f->c);
+    }
+  }
+  full = full || (budget >= 0 && need > budget);
+  if (!full) {
+    for (long t : ins) {  // a recomputation must not read a storage just dropped
+      int d = api->defined(f->c, static_cast<int>(t));
+      if (d < 0) return nullptr;
+      if (!d) { full = true; break; }
+    }
+  }
+  if (full) {
+    if (!poll_full(f)) return nullptr;
+  } else {
+    PyObject* recent = get(f, names._recent_ops);
+    if (recent != nullptr && PyList_GET_SIZE(recent) > 0 && !poll_recent(f, recent)) return nullptr;
+  }
+  if (PyErr_Occurred()) return nullptr;
+  Ref rng = borrowed(Py_None);
+  if (info->seeded) {
+    Ref leaves(PyList_New(static_cast<Py_ssize_t>(s.leaves.size())));
+    if (!leaves) return nullptr;
+    for (size_t i = 0; i < s.leaves.size(); ++i) {
+      Py_INCREF(s.leaves[i].obj);
+      PyList_SET_ITEM(leaves.get(), i, s.leaves[i].obj);
+    }
+    Ref device(PyObject_GetAttr(s.leaves[s.tpos[0]].obj, names.device));
+    if (!device) return nullptr;
+    PyObject* a[3] = {func, leaves.get(), device.get()};
+    rng = Ref(PyObject_Vectorcall(env.rng_capture, a, 3, nullptr));
+    if (!rng) return nullptr;
+  }
+  double cost = 0.0;  // a view computes nothing
+  if (!f->measured && !e->sizes.empty()) {
+    if (e->flops < 0 || e->flops_model.get() != f->cost_model) {
+      Ref kw = kwargs ? borrowed(kwargs) : Ref(PyDict_New());
+      Ref r(kw ? PyObject_CallMethodObjArgs(f->cost_model, names.estimate, func, args, kw.get(), e->metas.get(),
+                                            nullptr)
+               : nullptr);
+      if (!r) return nullptr;
+      e->flops = PyFloat_AsDouble(r.get());
+      if (PyErr_Occurred()) return nullptr;
+      e->flops_model = borrowed(f->cost_model);
+    }
+    cost = e->flops;
+  }
+  PyObject* limit = get(f, names.thrash_limit);
+  double lim = limit ? PyFloat_AsDouble(limit) : INFINITY;
+  if (std::isfinite(lim)) {  // let the core stop a runaway chain of recomputations as it happens
+    double allowed = allowance(f, limit);
+    if (PyErr_Occurred()) return nullptr;
+    api->set_remat_limit(f->c, allowed);
+  }
+  std::vector<int> in_ids(ins.begin(), ins.end());
+  int op = api->begin_call(f->c, in_ids.data(), static_cast<int>(in_ids.size()), e->sizes.data(),
+                           static_cast<int>(e->sizes.size()), cost);
+  if (op < 0) { translate_error(); return nullptr; }
+  // The op itself, timed on the host clock (timing.WallTimer: perf_counter_ns) when costs are measured.
+  auto t0 = std::chrono::steady_clock::now();
+  PyObject* out = PyObject_Call(func, args, kwargs);
+  auto t1 = std::chrono::steady_clock::now();
+  if (out == nullptr) {
+    PyObject *et, *ev, *etb;
+    PyErr_Fetch(&et, &ev, &etb);
+    if (api->abort_call(f->c, op) < 0) PyErr_Clear();  // (the op's own error is the one the program sees)
+    PyErr_Restore(et, ev, etb);
+    return nullptr;
+  }
+  if (f->measured) cost = static_cast<double>(std::chrono::duration_cast<std::chrono::nanoseconds>(t1 - t0).count());
+  PyObject* result = commit(f, func, info, e, s, ins, op, out, cost, rng.get());
+  Py_DECREF(out);
+  return result;
+}
+
+// ------------------------------------------------------------ the Python type
+PyObject* FastPath_call(PyObject* self, PyObject* args, PyObject* kwargs) {
+  static const char* kw[] = {"func", "types", "args", "kwargs", nullptr};
+  PyObject *func, *types, *a = nullptr, *k = nullptr;
+  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO|OO", const_cast<char**>(kw), &func, &types, &a, &k))
+    return nullptr;
+  Ref empty;
+  if (a == nullptr) {
+    empty = Ref(PyTuple_New(0));
+    a = empty.get();
+  }
+  return fast_call(reinterpret_cast<FastPath*>(self), func, types, a, k);
+}
+
+// Vectorcall: torch calls __torch_dispatch__(func, types, args, kwargs) positionally.
+PyObject* FastPath_vectorcall(PyObject* self, PyObject* const* args, size_t nargsf, PyObject* kwnames) {
+  Py_ssize_t n = PyVectorcall_NARGS(nargsf);
+  if (kwnames != nullptr || n < 2 || n > 4) {
+    Ref t(PyTuple_New(n));
+    if (!t) return nullptr;
+    for (Py_ssize_t i = 0; i < n; ++i) { Py_INCREF(args[i]); PyTuple_SET_ITEM(t.get(), i, args[i]); }
+    Ref kw;
+    if (kwnames != nullptr) {
+      kw = Ref(PyDict_New());
+      if (!kw) return nullptr;
+      for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(kwnames); ++i)
+        if (PyDict_SetItem(kw.get(), PyTuple_GET_ITEM(kwnames, i), args[n + i]) < 0) return nullptr;
+    }
+    return FastPath_call(self, t.get(), kw.get());
+  }
+  Ref empty;
+  PyObject* a = n > 2 ? args[2] : nullptr;
+  if (a == nullptr) {
+    empty = Ref(PyTuple_New(0));
+    a = empty.get();
+  }
+  return fast_call(reinterpret_cast<FastPath*>(self), args[0], args[1], a, n > 3 ? args[3] : nullptr);
+}
+
+int FastPath_init(PyObject* self, PyObject* args, PyObject* kwargs) {
+  FastPath* f = reinterpret_cast<FastPath*>(self);
+  PyObject *mode, *fallback;
+  static const char* kw[] = {"mode", "fallback", nullptr};
+  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO", const_cast<char**>(kw), &mode, &fallback)) return -1;
+  if (!env.ready) {
+    PyErr_SetString(PyExc_RuntimeError, "dtr._native.configure() was not called");
+    return -1;
+  }
+  PyObject** dictptr = _PyObject_GetDictPtr(mode);
+  if (dictptr == nullptr) {
+    PyErr_SetString(PyExc_TypeError, "the mode needs an instance __dict__");
+    return -1;
+  }
+  if (*dictptr == nullptr) {
+    *dictptr = PyDict_New();
+    if (*dictptr == nullptr) return -1;
+  }
+  Py_INCREF(mode); f->mode = mode;
+  Py_INCREF(*dictptr); f->dict = *dictptr;
+  Py_INCREF(fallback); f->fallback = fallback;
+  Ref facade(PyObject_GetAttr(mode, names.core));
+  if (!facade) return -1;
+  f->core = PyObject_GetAttr(facade.get(), names._core);
+  if (f->core == nullptr) return -1;
+  Ref capsule(PyObject_CallMethod(f->core, "_capsule", nullptr));
+  if (!capsule) return -1;
+  f->c = PyCapsule_GetPointer(capsule.get(), DTR_CORE_CAPSULE);
+  if (f->c == nullptr) return -1;
+  {  // this path's on_evict hook replaces the reference's (Budget's end clears every hook)
+    Ref hook(PyObject_GetAttr(self, names.on_evict));
+    if (!hook || PyObject_SetAttr(f->core, names.on_evict, hook.get()) < 0) return -1;
+  }
+  f->cost_model = PyObject_GetAttr(mode, names.cost_model);
+  if (f->cost_model == nullptr) return -1;
+  Ref measured(PyObject_GetAttr(f->cost_model, names.measured));
+  if (!measured) return -1;
+  f->measured = PyObject_IsTrue(measured.get()) == 1;
+  f->storage_cache = new std::vector<int>();
+  f->compactions = -1;
+  f->device = c10::DeviceType::CPU;
+  f->device_name = nullptr;
+  f->native_ops = f->fallback_ops = 0;
+  return 0;
+}
+
+void FastPath_clear_refs(FastPath* f) {
+  Py_CLEAR(f->mode); Py_CLEAR(f->dict); Py_CLEAR(f->fallback); Py_CLEAR(f->core); Py_CLEAR(f->cost_model);
+  Py_CLEAR(f->device_name);
+}
+
+int FastPath_traverse(PyObject* self, visitproc visit, void* arg) {
+  FastPath* f = reinterpret_cast<FastPath*>(self);
+  Py_VISIT(f->mode); Py_VISIT(f->dict); Py_VISIT(f->fallback); Py_VISIT(f->core); Py_VISIT(f->cost_model);
+  return 0;
+}
+
+int FastPath_tp_clear(PyObject* self) {
+  FastPath_clear_refs(reinterpret_cast<FastPath*>(self));
+  return 0;
+}
+
+void FastPath_dealloc(PyObject* self) {
+  FastPath* f = reinterpret_cast<FastPath*>(self);
+  PyObject_GC_UnTrack(self);
+  FastPath_clear_refs(f);
+  delete f->storage_cache;
+  f->storage_cache = nullptr;
+  Py_TYPE(self)->tp_free(self);
+}
+
+PyObject* FastPath_new(PyTypeObject* type, PyObject*, PyObject*) {
+  PyObject* self = type->tp_alloc(type, 0);
+  if (self == nullptr) return nullptr;
+  FastPath* f = reinterpret_cast<FastPath*>(self);
+  f->storage_cache = nullptr;  // (tp_alloc zeroes the rest)
+  f->vectorcall = FastPath_vectorcall;
+  return self;
+}
+
+PyObject* FastPath_self(PyObject* self, void*) {  // torch requires __torch_dispatch__.__self__ to be the mode
+  PyObject* m = reinterpret_cast<FastPath*>(self)->mode;
+  if (m == nullptr) Py_RETURN_NONE;
+  Py_INCREF(m);
+  return m;
+}
+
+PyObject* FastPath_counts(PyObject* self, void*) {
+  FastPath* f = reinterpret_cast<FastPath*>(self);
+  return Py_BuildValue("(KK)", static_cast<unsigned long long>(f->native_ops),
+                       static_cast<unsigned long long>(f->fallback_ops));
+}
+
+// The core's on_evict hook (storage, by_heuristic) while this path runs. DTRMode._on_evict has
+// nothing to do for a storage whose buffer is gone and that nothing references (the common case: the
+// program dropped it and the core freed it), so that case ends here; any other goes to the reference.
+PyObject* FastPath_on_evict(PyObject* self, PyObject* const* args, Py_ssize_t n) {
+  FastPath* f = reinterpret_cast<FastPath*>(self);
+  if (n < 1 || !PyLong_Check(args[0])) {
+    PyErr_SetString(PyExc_TypeError, "on_evict(storage, by_heuristic)");
+    return nullptr;
+  }
+  long s = PyLong_AsLong(args[0]);
+  PyObject* b = PyDict_GetItemWithError(get(f, names.phys), args[0]);
+  if (b == nullptr && PyErr_Occurred()) return nullptr;
+  if (b == nullptr || buf_gone(b)) {
+    int64_t refs = api->storage_refs(f->c, static_cast<int>(s));
+    if (refs < 0) return nullptr;
+    if (refs == 0) Py_RETURN_NONE;
+  }
+  return PyObject_CallMethodOneArg(f->mode, names._on_evict, args[0]);
+}
+
+PyMethodDef FastPath_methods[] = {
+    {"on_evict", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(FastPath_on_evict)), METH_FASTCALL,
+     "The core's on_evict hook while this path runs (DTRMode._on_evict where it has work)."},
+    {nullptr, nullptr, 0, nullptr}};
+
+PyGetSetDef FastPath_getset[] = {
+    {"__self__", FastPath_self, nullptr, "the mode (as for a bound method)", nullptr},
+    {"counts", FastPath_counts, nullptr, "(ops run here, ops handed to the reference)", nullptr},
+    {nullptr, nullptr, nullptr, nullptr, nullptr}};
+
+PyTypeObject FastPathType = {PyVarObject_HEAD_INIT(nullptr, 0)};
+
+// -------------------------------------------------------------------- module
+PyObject* configure(PyObject*, PyObject* kwargs_dict) {
+  if (!PyDict_Check(kwargs_dict)) {
+    PyErr_SetString(PyExc_TypeError, "configure(env: dict)");
+    return nullptr;
+  }
+  auto item = [&](const char* name) -> PyObject* {
+    PyObject* v = PyDict_GetItemString(kwargs_dict, name);
+    if (v == nullptr) PyErr_Format(PyExc_KeyError, "configure: missing %s", name);
+    else Py_INCREF(v);  // kept for the life of the process
+    return v;
+  };
+  PyObject* buf = item("Buf");
+  if (buf == nullptr || !PyType_Check(buf)) return nullptr;
+  env.buf_type = reinterpret_cast<PyTypeObject*>(buf);
+  env.buf_weak = slot_offset(env.buf_type, "weak");
+  env.buf_strong = slot_offset(env.buf_type, "strong");
+  env.buf_shared = slot_offset(env.buf_type, "shared");
+  env.buf_dropped = slot_offset(env.buf_type, "dropped");
+  if (env.buf_weak < 0 || env.buf_strong < 0 || env.buf_shared < 0 || env.buf_dropped < 0) {
+    PyErr_SetString(PyExc_TypeError, "configure: Buf must have the slots weak, strong, shared, dropped");
+    return nullptr;
+  }
+  if (!(env.slot_type = item("Slot")) || !(env.recipe_type = item("Recipe")) ||
+      !(env.wall_timer = item("WallTimer")) || !(env.remat_allowance = item("remat_allowance")) ||
+      !(env.thrashing_error = item("ThrashingError")) || !(env.translated = item("TRANSLATED")) ||
+      !(env.rng_capture = item("rng_capture")) || !(env.size_warning = item("size_warning")) ||
+      !(env.op_info = item("op_info")) || !(env.effects = item("effects")))
+    return nullptr;
+  PyObject *recent = item("RECENT_OPS"), *gc_min = item("GC_MIN_OPS"), *maxp = item("MAX_PREDICTIONS");
+  if (!recent || !gc_min || !maxp) return nullptr;
+  env.recent_ops = PyLong_AsLong(recent);
+  env.gc_min_ops = PyLong_AsLong(gc_min);
+  env.max_predictions = PyLong_AsSize_t(maxp);
+  if (PyErr_Occurred()) return nullptr;
+  Ref c_module(PyImport_ImportModule("dtr._C"));
+  Ref table(c_module ? PyObject_GetAttrString(c_module.get(), "_core_api") : nullptr);
+  if (!table) return nullptr;
+  api = static_cast<const DtrCoreApi*>(PyCapsule_GetPointer(table.get(), DTR_CORE_API_CAPSULE));
+  if (api == nullptr) return nullptr;
+  if (api->version != DTR_CORE_API_VERSION) {
+    PyErr_Format(PyExc_ImportError, "dtr._C's core table is version %d, dtr._native expects %d: rebuild both",
+                 api->version, DTR_CORE_API_VERSION);
+    return nullptr;
+  }
+  env.ready = true;
+  Py_RETURN_NONE;
+}
+
+PyObject* buf_dead_py(PyObject*, PyObject* b) {  // for tests: this module's reading of _Buf.dead()
+  if (!env.ready || !PyObject_TypeCheck(b, env.buf_type)) {
+    PyErr_SetString(PyExc_TypeError, "buf_dead(_Buf) after configure()");
+    return nullptr;
+  }
+  int d = buf_dead(b);
+  if (d < 0) return nullptr;
+  return PyBool_FromLong(d);
+}
+
+PyObject* clear_cache(PyObject*, PyObject*) {
+  predictions.clear();
+  op_infos.clear();
+  op_keepalive.clear();
+  Py_RETURN_NONE;
+}
+
+PyMethodDef module_methods[] = {
+    {"configure", configure, METH_O, "configure(env): the reference's classes and helpers (dtr/runtime/native.py)."},
+    {"buf_dead", buf_dead_py, METH_O, "buf_dead(buf): _Buf.dead() as this module reads it."},
+    {"clear_cache", clear_cache, METH_NOARGS, "Forget every cached signature and op."},
+    {nullptr, nullptr, 0, nullptr}};
+
+PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "dtr._native",
+                          "The runtime's per-op path in C++ (see Note [The native per-op path]).", -1,
+                          module_methods};
+
+}  // namespace
+
+PyMODINIT_FUNC PyInit__native() {
+  if (!intern_names()) return nullptr;
+  FastPathType.tp_name = "dtr._native.FastPath";
+  FastPathType.tp_basicsize = sizeof(FastPath);
+  FastPathType.tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL;
+  FastPathType.tp_doc = "FastPath(mode, fallback): a DTRMode's __torch_dispatch__ in C++.";
+  FastPathType.tp_new = FastPath_new;
+  FastPathType.tp_init = FastPath_init;
+  FastPathType.tp_dealloc = FastPath_dealloc;
+  FastPathType.tp_traverse = FastPath_traverse;
+  FastPathType.tp_clear = FastPath_tp_clear;
+  FastPathType.tp_call = FastPath_call;
+  FastPathType.tp_getset = FastPath_getset;
+  FastPathType.tp_methods = FastPath_methods;
+  FastPathType.tp_vectorcall_offset = offsetof(FastPath, vectorcall);
+  if (PyType_Ready(&FastPathType) < 0) return nullptr;
+  PyObject* m = PyModule_Create(&module_def);
+  if (m == nullptr) return nullptr;
+  Py_INCREF(&FastPathType);
+  if (PyModule_AddObject(m, "FastPath", reinterpret_cast<PyObject*>(&FastPathType)) < 0 ||
+      PyModule_AddStringConstant(m, "TORCH_VERSION", DTR_TORCH_VERSION) < 0 ||
+      PyModule_AddIntConstant(m, "CXX11_ABI", _GLIBCXX_USE_CXX11_ABI) < 0) {
+    Py_DECREF(m);
+    return nullptr;
+  }
+  return m;
+}

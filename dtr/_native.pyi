@@ -1,0 +1,19 @@
+# Stub of dtr._native: the runtime's per-op path in C++ (csrc/native/fastpath.cpp), built against torch.
+from typing import Any, Tuple
+
+TORCH_VERSION: str  # the torch.__version__ it was built against
+CXX11_ABI: int      # its _GLIBCXX_USE_CXX11_ABI
+
+class FastPath:
+    """A DTRMode's __torch_dispatch__ in C++; ops it does not take go to ``fallback`` (the reference)."""
+
+    def __init__(self, mode: Any, fallback: Any) -> None: ...
+    def __call__(self, func: Any, types: Any, args: Any = ..., kwargs: Any = ...) -> Any: ...
+    @property
+    def __self__(self) -> Any: ...
+    @property
+    def counts(self) -> Tuple[int, int]: ...  # (ops run natively, ops handed to the reference)
+
+def configure(env: dict) -> None: ...
+def buf_dead(buf: Any) -> bool: ...
+def clear_cache() -> None: ...

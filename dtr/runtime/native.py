@@ -1,0 +1,106 @@
+"""The native per-op path (``dtr._native``): loading it, checking it matches torch, and choosing it.
+
+The runtime's reference is DTRMode.__torch_dispatch__ in Python; ``dtr._native``
+runs the common op through the same steps in C++ (Note [The native per-op
+path] in csrc/native/fastpath.cpp). It is built against one torch: a module
+built against another (or not built at all: no compiler, or ``pip install .``
+in an isolated build environment without torch) is not used, and the runtime
+warns once, saying why and how to rebuild, then runs the reference.
+
+Which path a block runs: ``dtr.budget(..., native=True/False)``, or, when
+that is None (the default), the environment variable ``DTR_NATIVE`` (``0``
+selects the reference); otherwise the native path wherever it is available.
+"""
+from __future__ import annotations
+
+import os
+import warnings
+from types import ModuleType
+from typing import Any, Optional
+
+import torch
+
+__all__ = ["ENV_VAR", "available", "fast_path", "native_module", "use_native"]
+
+ENV_VAR = "DTR_NATIVE"
+_REBUILD = ("rebuild it against this torch: `pip install --no-build-isolation -e .` (or "
+            "`python setup.py build_ext --inplace` in a checkout)")
+
+_state: dict = {}  # "module": the configured module or None, "why": the reason it is None
+
+
+def _load() -> Optional[ModuleType]:
+    try:
+        from dtr import _native
+    except ImportError as e:
+        _state["why"] = f"dtr._native could not be imported ({e}); {_REBUILD}"
+        return None
+    built, running = _native.TORCH_VERSION, torch.__version__
+    if built != running:
+        _state["why"] = f"dtr._native was built against torch {built}, but torch {running} is running; {_REBUILD}"
+        return None
+    if bool(_native.CXX11_ABI) != bool(torch._C._GLIBCXX_USE_CXX11_ABI):
+        _state["why"] = (f"dtr._native was built with _GLIBCXX_USE_CXX11_ABI={_native.CXX11_ABI}, unlike torch; "
+                         f"{_REBUILD}")
+        return None
+    from dtr import core
+    from dtr.errors import ThrashingError
+    from dtr.runtime import effects, mode, timing
+    from dtr.semantics import remat_allowance
+    _native.configure({
+        "Buf": mode._Buf, "Slot": mode.Slot, "Recipe": mode.Recipe, "WallTimer": timing.WallTimer,
+        "remat_allowance": remat_allowance, "ThrashingError": ThrashingError, "TRANSLATED": core._TRANSLATED,
+        "rng_capture": mode._rng_capture, "size_warning": mode._size_warning, "op_info": mode._native_op_info,
+        "effects": effects, "RECENT_OPS": mode._RECENT_OPS, "GC_MIN_OPS": mode._GC_MIN_OPS,
+        "MAX_PREDICTIONS": mode._MAX_PREDICTIONS,
+    })
+    return _native
+
+
+def native_module() -> Optional[ModuleType]:
+    """The configured ``dtr._native``, or None if it is missing or does not match the running torch."""
+    if "module" not in _state:
+        _state["module"] = _load()
+    return _state["module"]
+
+
+def available() -> bool:
+    """Whether the native path can run in this process."""
+    return native_module() is not None
+
+
+def use_native(native: Optional[bool]) -> bool:
+    """Whether a block runs the native path: ``native`` if given, else ``$DTR_NATIVE``, else wherever available.
+
+    Asking for it (or leaving the choice to the default) where it is not
+    available runs the reference, with one warning per process saying why.
+
+    Raises:
+        ValueError: ``$DTR_NATIVE`` is not one of 0/1/true/false/yes/no/on/off.
+    """
+    if native is None:
+        raw = os.environ.get(ENV_VAR, "").strip().lower()
+        if raw in ("", "1", "true", "yes", "on"):
+            native = True
+        elif raw in ("0", "false", "no", "off"):
+            native = False
+        else:
+            raise ValueError(f"{ENV_VAR}={os.environ[ENV_VAR]!r}: use 1 (the native per-op path, the default "
+                             f"where it is built) or 0 (the Python reference)")
+    if not native:
+        return False
+    if native_module() is None:
+        if not _state.get("warned"):
+            _state["warned"] = True
+            warnings.warn(f"dtr: the native per-op path is unavailable, running the Python reference "
+                          f"(slower per op, same results): {_state['why']}", RuntimeWarning, stacklevel=3)
+        return False
+    return True
+
+
+def fast_path(mode: Any, fallback: Any) -> Any:
+    """The native ``__torch_dispatch__`` for ``mode``; ``fallback`` (the reference) takes what it does not."""
+    m = native_module()
+    if m is None:
+        raise RuntimeError(f"dtr: the native per-op path is unavailable: {_state['why']}")
+    return m.FastPath(mode, fallback)
