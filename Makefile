@@ -10,7 +10,7 @@ TORCH  ?= torch==2.13.0
 
 .PHONY: venv demo lint test bench experiments clean
 
-$(VENV)/.installed: pyproject.toml setup.py $(wildcard csrc/*.cpp csrc/*.h)
+$(VENV)/.installed: pyproject.toml setup.py $(wildcard csrc/*.cpp csrc/*.h csrc/native/*.cpp)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q "$(TORCH)"
@@ -33,13 +33,19 @@ lint: venv
 	$(PY) -m mypy
 	$(PY) -m mypy.stubtest dtr._C --allowlist stubtest_allowlist.txt
 
+# The whole suite runs on the native per-op path (dtr._native must be built: DTR_REQUIRE_NATIVE), then the
+# runtime's own tests run again on the Python reference path (DTR_NATIVE=0): every runtime test on both paths.
+RUNTIME_TESTS = tests/test_runtime.py tests/test_runtime_fuzz.py tests/test_exactness.py tests/test_runtime_models.py \
+                tests/test_runtime_compat.py tests/test_training_loops.py
 test: lint
-	$(PY) -m pytest -q
+	DTR_REQUIRE_NATIVE=1 $(PY) -m pytest -q
+	DTR_NATIVE=0 $(PY) -m pytest -q $(RUNTIME_TESTS)
 
 bench: venv
 	$(PY) benchmarks/bench_sim.py --out BENCHMARKS.md
 	$(PY) benchmarks/bench_eqclass_scaling.py --out BENCHMARKS.md --figure benchmarks/eqclass_scaling.png
 	$(PY) benchmarks/bench_sweep.py
+	$(PY) benchmarks/bench_host_overhead.py --out BENCHMARKS.md
 
 experiments: venv
 	$(PY) experiments/make_experiments.py

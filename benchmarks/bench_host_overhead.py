@@ -1,0 +1,156 @@
+"""Host cost per op: dtr's own work per dispatched op, above a do-nothing TorchDispatchMode.
+
+Usage:
+    python benchmarks/bench_host_overhead.py [--rounds 11] [--steps 5] [--blocks 40] [--width 32]
+                                            [--out BENCHMARKS.md]
+
+A tiny-op MLP (``--blocks`` Linear+ReLU pairs of ``--width`` features, batch 4,
+one thread): its ATen ops take microseconds, so a training step (zero grads,
+forward, loss, backward) is nearly all host overhead. Variants:
+
+* ``plain``: no mode; ``nop``: a do-nothing TorchDispatchMode (the floor any
+  dispatch-mode tool pays);
+* ``track/ref`` and ``track/native``: ``dtr.budget(None)`` on the Python
+  reference path and on the native path (dtr._native);
+* ``50%/ref`` and ``50%/native``: a budget of the parameters and gradients
+  plus half the rest of a tracking run's peak, raised to what the step needs
+  at once where that is more (dtr's own accounting: this benchmark is about
+  time, not memory; the report gives the budget as a fraction of the peak),
+  with no thrash limit (timed costs of microsecond ops are noisy).
+
+Each round runs every variant (``--steps`` steps, one ``with`` per step, as a
+training loop would) in a shuffled order; a variant's cost per op is its
+median step time divided by the ops per step. The report quotes, per variant,
+the median over rounds of (variant - nop) per op, and the median over rounds
+of the per-round ratio ref / native.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import platform
+import random
+import statistics
+import sys
+import time
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import dtr
+from dtr.runtime import native as native_path
+
+
+class _Nop(TorchDispatchMode):
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        return func(*args, **(kwargs or {}))
+
+
+class _Count(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.n = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.n += 1
+        return func(*args, **(kwargs or {}))
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rounds", type=int, default=11)
+    ap.add_argument("--steps", type=int, default=5, help="steps per variant per round (the median is kept)")
+    ap.add_argument("--blocks", type=int, default=40)
+    ap.add_argument("--width", type=int, default=32)
+    ap.add_argument("--batch", type=int, default=4)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", default=None, help="append a section to this markdown file")
+    a = ap.parse_args(argv)
+    torch.set_num_threads(1)
+    torch.manual_seed(a.seed)
+    model = torch.nn.Sequential(*[m for _ in range(a.blocks)
+                                  for m in (torch.nn.Linear(a.width, a.width), torch.nn.ReLU())])
+    x = torch.randn(a.batch, a.width)
+
+    def step():
+        model.zero_grad(set_to_none=True)
+        model(x).square().sum().backward()
+
+    counter = _Count()
+    with counter:
+        step()
+    ops = counter.n
+    for _ in range(2):  # (the second block counts the first one's gradients from its start, as a loop does)
+        with dtr.budget(None, native=False) as b:
+            step()
+    peak = b.stats["peak_bytes"]
+    held = 2 * sum(p.nbytes for p in model.parameters())  # parameters and their gradients
+    limit = [int(held + 0.5 * (peak - held))]
+    if not native_path.available():
+        print("dtr._native is not available: only the reference is measured", file=sys.stderr)
+    variants = {
+        "plain": contextlib.nullcontext,
+        "nop": _Nop,
+        "track/ref": lambda: dtr.budget(None, native=False),
+        "50%/ref": lambda: dtr.budget(limit[0], native=False, thrash_limit=None),
+    }
+    if native_path.available():
+        variants["track/native"] = lambda: dtr.budget(None, native=True)
+        variants["50%/native"] = lambda: dtr.budget(limit[0], native=True, thrash_limit=None)
+    # Results must equal plain PyTorch's on every path (a benchmark of a wrong answer means nothing).
+    torch.manual_seed(a.seed)
+    step()
+    want = [p.grad.clone() for p in model.parameters()]
+    for _ in range(20):  # the budget is raised to what the step needs at once (and 5% more) where that is more
+        try:
+            for name, ctx in variants.items():
+                for _ in range(2):
+                    with ctx():
+                        step()
+                    if not all(torch.equal(p.grad, w) for p, w in zip(model.parameters(), want)):
+                        raise SystemExit(f"{name}: gradients differ from plain PyTorch's")
+            break
+        except dtr.OutOfBudgetError as e:
+            limit[0] = int(max(limit[0], e.needed) * 1.05)
+    rng = random.Random(a.seed)
+    per_op = {k: [] for k in variants}
+    for _ in range(a.rounds):
+        order = list(variants)
+        rng.shuffle(order)
+        for name in order:
+            ctx = variants[name]
+            with ctx():  # warm-up (prediction caches, allocator)
+                step()
+            ts = []
+            for _ in range(a.steps):
+                t0 = time.perf_counter_ns()
+                with ctx():
+                    step()
+                ts.append(time.perf_counter_ns() - t0)
+            per_op[name].append(statistics.median(ts) / 1e3 / ops)
+    above = {k: statistics.median([v - n for v, n in zip(per_op[k], per_op["nop"])]) for k in variants}
+    lines = [f"Tiny-op MLP: {a.blocks} x (Linear({a.width}, {a.width}) + ReLU), batch {a.batch}, 1 thread: "
+             f"{ops} ops per training step; {a.rounds} shuffled rounds of {a.steps} steps per variant; "
+             f"the budgeted variants' budget is {limit[0]} bytes, {limit[0] / peak:.0%} of the tracking peak.",
+             "", "| variant | µs per op (median) | above a do-nothing mode (median of per-round differences) |",
+             "|---|---|---|"]
+    for k in variants:
+        lines.append(f"| {k} | {statistics.median(per_op[k]):.1f} | "
+                     f"{'—' if k in ('plain', 'nop') else f'{above[k]:.1f}'} |")
+    if native_path.available():
+        for budgeted in ("track", "50%"):
+            r = statistics.median([p / q for p, q in zip(per_op[f"{budgeted}/ref"], per_op[f"{budgeted}/native"])])
+            lines.append(f"\n{budgeted}: reference / native step time, median of per-round ratios: {r:.2f}×")
+    text = "\n".join(lines)
+    print(text)
+    if a.out:
+        with open(a.out, "a") as f:
+            f.write(f"\n## Host cost per op ({datetime.date.today()}, {platform.machine()}, "
+                    f"{platform.processor() or 'cpu'}, torch {torch.__version__})\n\n"
+                    f"`python benchmarks/bench_host_overhead.py --rounds {a.rounds} --steps {a.steps}`\n\n{text}\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,220 @@
+"""The native per-op path (dtr._native) against the Python reference (DTRMode.__torch_dispatch__).
+
+The two must make the same decisions op by op: with the flop cost model a
+recorded log is a complete transcript of what the runtime told the core
+(every call, size, cost, release, pin and protect), so equal logs, equal
+results and equal statistics are the differential test (as
+tests/reference_core.py is for the core). The whole suite also runs on each
+path: ``make test`` runs the runtime's test files a second time with
+``DTR_NATIVE=0``.
+"""
+from __future__ import annotations
+
+import gc
+import os
+import sys
+import warnings
+
+import pytest
+
+torch = pytest.importorskip("torch")
+import torch.nn.functional as F  # noqa: E402
+
+import dtr  # noqa: E402
+from dtr.runtime import native  # noqa: E402
+from dtr.runtime.mode import _CARRIED, _Buf  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(__file__))
+from random_programs import generate, run  # noqa: E402
+from runtime_models import cnn, mlp, train_step  # noqa: E402
+from runtime_zoo_small import LoopLSTM, TinyGPT, TreeLSTM, random_tree  # noqa: E402
+from test_runtime_fuzz import assert_equal, same_bits  # noqa: E402
+
+pytestmark = pytest.mark.skipif(not native.available() and os.environ.get("DTR_REQUIRE_NATIVE") != "1",
+                                reason="dtr._native is not built for this torch (make test requires it)")
+
+
+def test_the_native_path_is_available_where_required():
+    # make test sets DTR_REQUIRE_NATIVE=1: the build must have produced a module that matches this torch.
+    assert native.available(), native._state.get("why")
+
+
+def _record(tmp_path, name, fn, limit, use_native, **kw):
+    path = tmp_path / f"{name}-{'native' if use_native else 'ref'}.jsonl"
+    _CARRIED.clear()  # each path starts as the first block would (Note [Constants from earlier blocks])
+    # The paths allocate different numbers of Python objects, so the cyclic GC would run at different ops,
+    # and a tensor held by a reference cycle would die (and be released) at a different op: hold it off.
+    gc.collect()
+    gc.disable()
+    try:
+        with dtr.budget(limit, cost_model="flops", log=path, native=use_native, **kw) as b:
+            out = fn()
+    finally:
+        gc.enable()
+    if use_native:  # the native path did run (not only its fallback)
+        assert b.native
+    return out, b.stats, path.read_text().splitlines()
+
+
+def _same_runs(tmp_path, name, fn, limit, **kw):
+    """Run ``fn`` on both paths under ``limit``; assert equal logs, statistics and results; the stats."""
+    got = {}
+    for use_native in (False, True):
+        torch.manual_seed(0)
+        try:
+            got[use_native] = _record(tmp_path, name, fn, limit, use_native, **kw)
+        except (dtr.OutOfBudgetError, dtr.ThrashingError) as e:
+            got[use_native] = (type(e), str(e))
+    ref, nat = got[False], got[True]
+    if isinstance(ref[0], type):  # both paths must fail the same way
+        assert nat == ref
+        return None
+    assert not isinstance(nat[0], type), nat
+    (ref_out, ref_stats, ref_log), (nat_out, nat_stats, nat_log) = ref, nat
+    assert len(nat_log) == len(ref_log), name
+    for k, (a, b) in enumerate(zip(ref_log, nat_log)):
+        assert a == b, f"{name}: log line {k + 1} differs:\n  reference: {a}\n  native:    {b}"
+    for key in ("evictions", "remats", "peak_bytes", "memory_bytes", "base_compute", "remat_compute", "ops"):
+        assert nat_stats[key] == ref_stats[key], (name, key)
+    assert len(ref_out) == len(nat_out)
+    for a, b in zip(ref_out, nat_out):
+        assert same_bits(a, b), name
+    return ref_stats
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_random_programs_make_the_same_decisions_on_both_paths(tmp_path, seed):
+    p = generate(seed)
+    want = run(p)
+    stats = _same_runs(tmp_path, f"seed{seed}", lambda: _flat_result(run(p)), None)
+    peak = stats["peak_bytes"]
+    for f in (0.6, 0.4):
+        _same_runs(tmp_path, f"seed{seed}-{f}", lambda: _flat_result(run(p)), int(f * peak))
+    assert_equal(run(p, dtr.budget(int(0.6 * peak), cost_model="flops", native=True)), want, f"seed {seed}")
+
+
+def _flat_result(r):
+    return [r.loss, *[g for g in r.grads if g is not None], *r.values.values()]
+
+
+def _models():
+    def gpt():
+        m = TinyGPT(vocab=64, d=32, heads=2, layers=2, seq=32, p=0.1)
+        ids = torch.randint(0, 64, (8, 32))
+        return m, lambda: F.cross_entropy(m(ids).flatten(0, 1), ids.flatten())
+
+    def lstm():
+        m = LoopLSTM(inp=16, hidden=32)
+        x, y = torch.randn(8, 64, 16), torch.randint(0, 10, (64,))
+        return m, lambda: F.cross_entropy(m(x), y)
+
+    def treelstm():
+        import random
+        m = TreeLSTM(inp=16, hidden=32)
+        x, y = torch.randn(8, 64, 16), torch.randint(0, 10, (64,))
+        trees = [random_tree(random.Random(0), list(range(8))) for _ in range(2)]
+        return m, lambda: F.cross_entropy(m(x, trees), y)
+
+    def mlp_model():
+        m = mlp(width=64, depth=4, p=0.1)
+        x, y = torch.randn(256, 64), torch.randint(0, 10, (256,))
+        return m, lambda: train_step(m, x, y)
+
+    def cnn_model():
+        m = cnn()
+        x, y = torch.randn(4, 3, 16, 16), torch.randint(0, 10, (4,))
+        return m, lambda: train_step(m, x, y)
+    return {"gpt": gpt, "lstm": lstm, "treelstm": treelstm, "mlp": mlp_model, "cnn": cnn_model}
+
+
+@pytest.mark.parametrize("name", sorted(_models()))
+def test_models_make_the_same_decisions_on_both_paths(tmp_path, name):
+    def step_of(model, loss):
+        def step():
+            model.zero_grad(set_to_none=True)
+            out = loss()
+            if out.requires_grad:
+                out.backward()
+            return [out.detach()] + [q.grad for q in model.parameters() if q.grad is not None]
+        return step
+
+    torch.manual_seed(0)
+    model, loss = _models()[name]()
+    step = step_of(model, loss)
+    stats = _same_runs(tmp_path, name, step, None)
+    for f in (0.7, 0.5):
+        _same_runs(tmp_path, f"{name}-{f}", step, int(f * stats["peak_bytes"]))
+
+
+def test_the_native_path_runs_most_ops_and_hands_the_rest_to_the_reference():
+    model = mlp(width=32, depth=3, p=0.0)
+    x, y = torch.randn(8, 32), torch.randint(0, 10, (8,))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with dtr.budget(None, native=True) as b:
+        fast = b._mode.__dict__["__torch_dispatch__"]
+        train_step(model, x, y)
+        opt.step()  # in-place writes: the reference's
+        nat, ref = fast.counts
+    assert nat > 0 and ref > 0 and nat > ref, (nat, ref)
+    assert "__torch_dispatch__" not in b._mode.__dict__  # the block's end drops the cycle mode <-> path
+
+
+def test_buffer_liveness_reads_the_same_on_both_paths():
+    """The native reading of _Buf.dead() (reference counts included) agrees with the reference's, state by state."""
+    m = native.native_module()
+    sts = [torch.ones(4).untyped_storage() for _ in range(4)]
+    cases = [_Buf(sts[0], owned=False), _Buf(sts[1], owned=True), _Buf(sts[2], owned=True, shared=True),
+             _Buf(sts[3], owned=True, dropped=True)]
+    for b in cases:
+        assert m.buf_dead(b) == b.dead()
+    assert [b.dead() for b in cases] == [False, False, False, True]
+    view = torch.empty(0).set_(sts[2])  # a tensor on the shared one: alive while it lives
+    del sts  # the program drops them: the weak buffer expires; the strong ones are dtr's alone
+    for b in cases:
+        assert m.buf_dead(b) == b.dead()
+    assert [b.dead() for b in cases] == [True, False, False, True]
+    del view
+    for b in cases:
+        assert m.buf_dead(b) == b.dead()
+    assert [b.dead() for b in cases] == [True, False, True, True]
+    gone = _Buf(torch.ones(2).untyped_storage(), owned=False)
+    assert m.buf_dead(gone) == gone.dead() is True
+
+
+def test_a_missing_or_mismatched_module_falls_back_with_one_warning(monkeypatch):
+    m = native.native_module()
+    real = m.TORCH_VERSION
+    monkeypatch.setattr(m, "TORCH_VERSION", "0.0.1")
+    monkeypatch.setattr(native, "_state", {})
+    assert native.native_module() is None
+    assert "built against torch 0.0.1" in native._state["why"] and "--no-build-isolation" in native._state["why"]
+    with pytest.warns(RuntimeWarning, match="native per-op path is unavailable.*0.0.1"):
+        b = dtr.budget(None)
+    assert b.native is False
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # once per process
+        b = dtr.budget(None)
+        x = torch.ones(3)
+        with b:
+            y = (x * 2).sum()
+    assert y.item() == 6.0
+    monkeypatch.setattr(m, "TORCH_VERSION", real)
+    monkeypatch.setattr(native, "_state", {})
+    monkeypatch.delattr(dtr, "_native")
+    monkeypatch.setitem(sys.modules, "dtr._native", None)  # not importable at all
+    assert native.native_module() is None and "could not be imported" in native._state["why"]
+
+
+@pytest.mark.parametrize("value,want", [("0", False), ("off", False), ("1", True), ("", True), (" yes ", True)])
+def test_the_environment_variable_chooses_the_path(monkeypatch, value, want):
+    monkeypatch.setenv("DTR_NATIVE", value)
+    assert dtr.budget(None).native is want
+    assert dtr.budget(None, native=False).native is False  # the argument wins
+
+
+def test_bad_choices_say_what_is_valid(monkeypatch):
+    monkeypatch.setenv("DTR_NATIVE", "fast")
+    with pytest.raises(ValueError, match="DTR_NATIVE='fast'.*1.*0"):
+        dtr.budget(None)
+    with pytest.raises(TypeError, match="native must be True, False or None"):
+        dtr.budget(None, native="yes")
