@@ -123,7 +123,8 @@ def remat_allowance(thrash_limit: float, base: float) -> float:
     """The recomputation a thrash limit allows over ``base`` compute: ``(thrash_limit - 1) * base``.
 
     An infinite limit, or a ``base`` of 0 (nothing has cost anything yet, so
-    nothing recomputed can cost anything either), allows any.
+    nothing recomputed can cost anything either), allows any. Never smaller for
+    a larger ``base`` (the native per-op path relies on it to ask once per op).
     """
     if math.isinf(thrash_limit) or base <= 0:
         return math.inf

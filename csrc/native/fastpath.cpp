@@ -684,7 +684,7 @@ double allowance(FastPath* f, PyObject* limit) {
 
 // Everything after the op ran (DTRMode._commit for an op that writes nothing).
 PyObject* commit(FastPath* f, PyObject* func, const OpInfo* info, Entry* e, Scan& s, const std::vector<long>& ins,
-                 long op, PyObject* out, double cost, PyObject* rng) {
+                 long op, PyObject* out, double cost, PyObject* rng, double allowed_before) {
   Ref out_ref = borrowed(out);
   std::vector<PyObject*> flat;
   flatten_out(out, flat);
@@ -831,9 +831,11 @@ PyObject* commit(FastPath* f, PyObject* func, const OpInfo* info, Entry* e, Scan
   }
   PyObject* limit = get(f, names.thrash_limit);
   double lim = limit ? PyFloat_AsDouble(limit) : INFINITY;
-  if (std::isfinite(lim)) {
+  double rc = api->remat_compute(f->c);
+  // remat_allowance never shrinks as base compute grows: within the allowance the op began with, the
+  // check passes without asking again (the common case: one call to dtr.semantics per op, not two).
+  if (std::isfinite(lim) && !(rc <= allowed_before)) {
     double allowed = allowance(f, limit);
-    double rc = api->remat_compute(f->c);
     if (PyErr_Occurred()) return nullptr;
     if (rc > allowed) {
       Ref msg(PyUnicode_FromFormat("while running %S", func));
@@ -951,8 +953,9 @@ PyObject* fast_call(FastPath* f, PyObject* func, PyObject* types, PyObject* args
   }
   PyObject* limit = get(f, names.thrash_limit);
   double lim = limit ? PyFloat_AsDouble(limit) : INFINITY;
+  double allowed = INFINITY;
   if (std::isfinite(lim)) {  // let the core stop a runaway chain of recomputations as it happens
-    double allowed = allowance(f, limit);
+    allowed = allowance(f, limit);
     if (PyErr_Occurred()) return nullptr;
     api->set_remat_limit(f->c, allowed);
   }
@@ -972,7 +975,7 @@ PyObject* fast_call(FastPath* f, PyObject* func, PyObject* types, PyObject* args
     return nullptr;
   }
   if (f->measured) cost = static_cast<double>(std::chrono::duration_cast<std::chrono::nanoseconds>(t1 - t0).count());
-  PyObject* result = commit(f, func, info, e, s, ins, op, out, cost, rng.get());
+  PyObject* result = commit(f, func, info, e, s, ins, op, out, cost, rng.get(), allowed);
   Py_DECREF(out);
   return result;
 }
