@@ -107,6 +107,7 @@ class Budget:
 
     Attributes:
         budget_bytes: the limit (None: no limit).
+        native: whether the block runs the native per-op path (dtr/runtime/native.py).
         stats: a mapping readable during and after the block: ``evictions``,
             ``remats``, ``remat_seconds``, ``peak_bytes`` (dtr's accounting),
             ``budget_bytes``, ``memory_bytes``, ``base_compute``,
