@@ -218,3 +218,18 @@ def test_bad_choices_say_what_is_valid(monkeypatch):
         dtr.budget(None)
     with pytest.raises(TypeError, match="native must be True, False or None"):
         dtr.budget(None, native="yes")
+
+
+def test_wrapper_subclasses_behave_as_on_the_reference():
+    """A wrapper tensor subclass has no storage of its own: the native path leaves it to the reference."""
+    from torch.testing._internal.two_tensor import TwoTensor
+
+    def run(use_native):
+        a, b = torch.ones(4), torch.full((4,), 2.0)
+        try:
+            with dtr.budget(None, native=use_native):
+                y = TwoTensor(a, b) * 3
+            return ("ok", torch.equal(y.a, a * 3) and torch.equal(y.b, b * 3))
+        except Exception as e:  # whatever the reference does, the native path must do the same
+            return (type(e).__name__, str(e).split("\n")[0])
+    assert run(True) == run(False)

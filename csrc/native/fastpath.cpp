@@ -48,6 +48,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <unordered_map>
 #include <vector>
@@ -235,8 +236,9 @@ bool scan_value(PyObject* x, Scan& s) {
   }
   if (THPVariable_Check(x)) {
     const at::Tensor& t = THPVariable_Unpack(x);
-    if (!t.defined() || t.layout() != c10::kStrided || t.is_nested() || t.is_meta() || t.device().type() != s.device)
-      return false;  // untracked tensors: the reference decides
+    if (!t.defined() || t.layout() != c10::kStrided || t.is_nested() || t.is_meta() || !t.has_storage() ||
+        t.device().type() != s.device)
+      return false;  // untracked tensors (and wrapper subclasses without a storage): the reference decides
     key.push_back(kTensor);
     key.push_back(static_cast<int64_t>(t.scalar_type()));
     int64_t d = t.dim();
@@ -562,7 +564,9 @@ bool poll_full(FastPath* f) {
 PyObject* new_handle(FastPath* f) {
   long n = get_long(f, names._next_handle) + 1;
   if (n <= 0 || !set_long(f, names._next_handle, n)) return nullptr;
-  return PyUnicode_FromFormat("t%ld", n);
+  char buf[24];  // (the reference's "t%d"; PyUnicode_FromFormat parses its format each time)
+  int len = std::snprintf(buf, sizeof buf, "t%ld", n);
+  return PyUnicode_FromStringAndSize(buf, len);
 }
 
 // A Slot(tensor, offset, size, stride, dtype) (a NamedTuple: a tuple of its class).
@@ -709,6 +713,11 @@ PyObject* commit(FastPath* f, PyObject* func, const OpInfo* info, Entry* e, Scan
       return nullptr;
     }
     const at::Tensor& ot = THPVariable_Unpack(o);
+    if (!ot.has_storage()) {
+      PyErr_Format(PyExc_RuntimeError, "dtr: output %d of %R has no storage; run with DTR_NATIVE=0 and please "
+                   "report this", pos, func);
+      return nullptr;
+    }
     c10::StorageImpl* impl = ot.storage().unsafeGetStorageImpl();
     if (static_cast<int64_t>(impl->nbytes()) != e->sizes[k]) {
       Ref got(PyLong_FromSize_t(impl->nbytes())), want(PyLong_FromLongLong(e->sizes[k]));
@@ -981,6 +990,16 @@ PyObject* fast_call(FastPath* f, PyObject* func, PyObject* types, PyObject* args
 }
 
 // ------------------------------------------------------------ the Python type
+// No C++ exception may cross into Python (torch's accessors throw c10::Error): one barrier for both entries.
+PyObject* guarded_call(FastPath* f, PyObject* func, PyObject* types, PyObject* args, PyObject* kwargs) {
+  try {
+    return fast_call(f, func, types, args, kwargs);
+  } catch (const std::exception& e) {
+    if (!PyErr_Occurred()) PyErr_Format(PyExc_RuntimeError, "dtr native per-op path: %s", e.what());
+    return nullptr;
+  }
+}
+
 PyObject* FastPath_call(PyObject* self, PyObject* args, PyObject* kwargs) {
   static const char* kw[] = {"func", "types", "args", "kwargs", nullptr};
   PyObject *func, *types, *a = nullptr, *k = nullptr;
@@ -991,7 +1010,7 @@ PyObject* FastPath_call(PyObject* self, PyObject* args, PyObject* kwargs) {
     empty = Ref(PyTuple_New(0));
     a = empty.get();
   }
-  return fast_call(reinterpret_cast<FastPath*>(self), func, types, a, k);
+  return guarded_call(reinterpret_cast<FastPath*>(self), func, types, a, k);
 }
 
 // Vectorcall: torch calls __torch_dispatch__(func, types, args, kwargs) positionally.
@@ -1016,7 +1035,7 @@ PyObject* FastPath_vectorcall(PyObject* self, PyObject* const* args, size_t narg
     empty = Ref(PyTuple_New(0));
     a = empty.get();
   }
-  return fast_call(reinterpret_cast<FastPath*>(self), args[0], args[1], a, n > 3 ? args[3] : nullptr);
+  return guarded_call(reinterpret_cast<FastPath*>(self), args[0], args[1], a, n > 3 ? args[3] : nullptr);
 }
 
 int FastPath_init(PyObject* self, PyObject* args, PyObject* kwargs) {
