@@ -23,8 +23,8 @@ import torch
 __all__ = ["ENV_VAR", "available", "fast_path", "native_module", "use_native"]
 
 ENV_VAR = "DTR_NATIVE"
-_REBUILD = ("rebuild it against this torch: `pip install --no-build-isolation -e .` (or "
-            "`python setup.py build_ext --inplace` in a checkout)")
+_REBUILD = ("to build it against this torch, reinstall dtr with torch installed: `pip install --no-build-isolation .` "
+            "(`-e .` for a checkout)")
 
 _state: dict = {}  # "module": the configured module or None, "why": the reason it is None
 
