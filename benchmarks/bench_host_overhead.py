@@ -12,7 +12,7 @@ forward, loss, backward) is nearly all host overhead. Variants:
   dispatch-mode tool pays);
 * ``track/ref`` and ``track/native``: ``dtr.budget(None)`` on the Python
   reference path and on the native path (dtr._native);
-* ``50%/ref`` and ``50%/native``: a budget of the parameters and gradients
+* ``budget/ref`` and ``budget/native``: a budget of the parameters and gradients
   plus half the rest of a tracking run's peak, raised to what the step needs
   at once where that is more (dtr's own accounting: this benchmark is about
   time, not memory; the report gives the budget as a fraction of the peak),
@@ -93,11 +93,11 @@ def main(argv=None) -> int:
         "plain": contextlib.nullcontext,
         "nop": _Nop,
         "track/ref": lambda: dtr.budget(None, native=False),
-        "50%/ref": lambda: dtr.budget(limit[0], native=False, thrash_limit=None),
+        "budget/ref": lambda: dtr.budget(limit[0], native=False, thrash_limit=None),
     }
     if native_path.available():
         variants["track/native"] = lambda: dtr.budget(None, native=True)
-        variants["50%/native"] = lambda: dtr.budget(limit[0], native=True, thrash_limit=None)
+        variants["budget/native"] = lambda: dtr.budget(limit[0], native=True, thrash_limit=None)
     # Results must equal plain PyTorch's on every path (a benchmark of a wrong answer means nothing).
     torch.manual_seed(a.seed)
     step()
@@ -139,7 +139,7 @@ def main(argv=None) -> int:
         lines.append(f"| {k} | {statistics.median(per_op[k]):.1f} | "
                      f"{'—' if k in ('plain', 'nop') else f'{above[k]:.1f}'} |")
     if native_path.available():
-        for budgeted in ("track", "50%"):
+        for budgeted in ("track", "budget"):
             r = statistics.median([p / q for p, q in zip(per_op[f"{budgeted}/ref"], per_op[f"{budgeted}/native"])])
             lines.append(f"\n{budgeted}: reference / native step time, median of per-round ratios: {r:.2f}×")
     text = "\n".join(lines)
