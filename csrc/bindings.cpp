@@ -162,6 +162,7 @@ const DtrCoreApi core_api = {
     },
     [](void* c, int t) { return guarded([&] { as_core(c).release(t); return 0; }, -1); },
     [](void* c, int s) { return guarded([&] { as_core(c).forget(s); return 0; }, -1); },
+    &remat_allowance,
 };
 
 }  // namespace
@@ -331,6 +332,8 @@ PYBIND11_MODULE(_C, m) {
                                     i.aliases, i.mutated, i.inplace));
         return out;
       });
+
+  m.def("remat_allowance", &remat_allowance, py::arg("thrash_limit"), py::arg("base"));
 
   m.def(
       "parse_log",

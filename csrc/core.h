@@ -35,6 +35,8 @@
 // compact) and core_check.cpp (check); core_internal.h has their shared helpers.
 #pragma once
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <functional>
 #include <limits>
@@ -97,6 +99,15 @@ struct OutOfMemory : std::runtime_error {
                            std::to_string(budget_)),
         needed(needed_), budget(budget_) {}
 };
+
+// The rematerialization compute a thrash limit allows over `base` compute: (thrash_limit - 1) * base, at
+// least 0. An infinite limit, or a base of 0 (nothing has cost anything yet, so nothing recomputed can cost
+// anything either), allows any. Never smaller for a larger base: the runtime's native per-op path relies on
+// that to ask once per op. The one owner of this rule (dtr.semantics.remat_allowance and the runtime ask it).
+inline double remat_allowance(double thrash_limit, double base) {
+  if (std::isinf(thrash_limit) || base <= 0) return std::numeric_limits<double>::infinity();
+  return std::max(0.0, thrash_limit - 1.0) * base;
+}
 
 // Raised when rematerialization compute passes Config::remat_limit.
 struct Thrashing : std::runtime_error {

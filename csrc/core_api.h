@@ -16,7 +16,7 @@
 #pragma once
 #include <stdint.h>
 
-#define DTR_CORE_API_VERSION 1
+#define DTR_CORE_API_VERSION 2
 #define DTR_CORE_API_CAPSULE "dtr._C._core_api"
 #define DTR_CORE_CAPSULE "dtr._C.Core"
 
@@ -44,5 +44,7 @@ struct DtrCoreApi {
   int (*op_outputs)(void* core, int op, int* out, int cap);
   int (*release)(void* core, int t);
   int (*forget)(void* core, int s);
+  // dtr::remat_allowance (csrc/core.h): the rule's one owner. Never fails.
+  double (*remat_allowance)(double thrash_limit, double base);
 };
 }

@@ -180,6 +180,7 @@ class Program(metaclass=_pybind11_type):
 # The C function table of csrc/core_api.h in a capsule, for dtr._native.
 _core_api: object
 
+def remat_allowance(thrash_limit: float, base: float) -> float: ...  # the rule's one owner (csrc/core.h)
 def parse_log(data: bytes) -> Program: ...
 def replay(program: Program, config: Config, check: bool = ..., trace: bool = ...) -> Dict[str, Any]: ...
 # The core's tables after replaying `program` without a budget (config's budget, remat_limit and banish

@@ -124,8 +124,9 @@ def remat_allowance(thrash_limit: float, base: float) -> float:
 
     An infinite limit, or a ``base`` of 0 (nothing has cost anything yet, so
     nothing recomputed can cost anything either), allows any. Never smaller for
-    a larger ``base`` (the native per-op path relies on it to ask once per op).
+    a larger ``base``. The rule is written once, in the core (csrc/core.h), which
+    the native per-op path asks directly.
     """
-    if math.isinf(thrash_limit) or base <= 0:
-        return math.inf
-    return max(0.0, thrash_limit - 1.0) * base
+    from dtr import _C
+
+    return _C.remat_allowance(float(thrash_limit), float(base))

@@ -84,12 +84,11 @@ struct Env {
   PyTypeObject* buf_type = nullptr;   // mode._Buf
   Py_ssize_t buf_weak = 0, buf_strong = 0, buf_shared = 0, buf_dropped = 0;  // its slots' offsets
   PyObject* wall_timer = nullptr;     // timing.WallTimer
-  PyObject* remat_allowance = nullptr;
   PyObject* thrashing_error = nullptr;
   PyObject* translated = nullptr;     // core._TRANSLATED
   PyObject* rng_capture = nullptr;    // mode._rng_capture
   PyObject* size_warning = nullptr;   // mode._size_warning(func, got, predicted)
-  PyObject* op_info = nullptr;        // mode._native_op_info(func) -> (fast, seeded, name)
+  PyObject* op_info = nullptr;        // mode._native_op_info(func) -> (fast, seeded, name, call)
   PyObject* effects = nullptr;        // the effects module (its _generation)
   long recent_ops = 4, gc_min_ops = 256;
   size_t max_predictions = 1 << 16;
@@ -328,6 +327,7 @@ auto& predictions = *new std::unordered_map<std::vector<int64_t>, Entry, KeyHash
 struct OpInfo {
   bool fast = false, seeded = false;
   Ref name;
+  Ref call;  // what runs the op (mode._native_op_info: the overload's C++ operator)
 };
 auto& op_infos = *new std::unordered_map<PyObject*, OpInfo>();  // keys kept alive by op_keepalive
 auto& op_keepalive = *new std::vector<Ref>();
@@ -564,9 +564,12 @@ bool poll_full(FastPath* f) {
 PyObject* new_handle(FastPath* f) {
   long n = get_long(f, names._next_handle) + 1;
   if (n <= 0 || !set_long(f, names._next_handle, n)) return nullptr;
-  char buf[24];  // (the reference's "t%d"; PyUnicode_FromFormat parses its format each time)
-  int len = std::snprintf(buf, sizeof buf, "t%ld", n);
-  return PyUnicode_FromStringAndSize(buf, len);
+  char buf[24];  // the reference's f"t{n}" (snprintf and PyUnicode_FromFormat parse a format each time)
+  char* end = buf + sizeof buf;
+  char* p = end;
+  do { *--p = static_cast<char>('0' + n % 10); n /= 10; } while (n > 0);
+  *--p = 't';
+  return PyUnicode_FromStringAndSize(p, end - p);
 }
 
 // A Slot(tensor, offset, size, stride, dtype) (a NamedTuple: a tuple of its class).
@@ -621,11 +624,12 @@ const OpInfo* op_info(PyObject* func) {
   Ref r = call1(env.op_info, func);
   if (!r) return nullptr;
   OpInfo info;
-  PyObject *fast, *seeded, *name;
-  if (!PyArg_ParseTuple(r.get(), "OOO", &fast, &seeded, &name)) return nullptr;
+  PyObject *fast, *seeded, *name, *call;
+  if (!PyArg_ParseTuple(r.get(), "OOOO", &fast, &seeded, &name, &call)) return nullptr;
   info.fast = PyObject_IsTrue(fast) == 1;
   info.seeded = PyObject_IsTrue(seeded) == 1;
   info.name = borrowed(name);
+  info.call = borrowed(call);
   op_keepalive.push_back(borrowed(func));
   return &op_infos.emplace(func, std::move(info)).first->second;
 }
@@ -677,18 +681,12 @@ PyObject* run_fallback(FastPath* f, PyObject* func, PyObject* types, PyObject* a
   return PyObject_Vectorcall(f->fallback, a, 5, nullptr);
 }
 
-// remat_allowance(thrash_limit, core.base_compute) (dtr.semantics owns the rule).
-double allowance(FastPath* f, PyObject* limit) {
-  Ref base(PyFloat_FromDouble(api->base_compute(f->c)));
-  if (!base) return NAN;
-  PyObject* a[2] = {limit, base.get()};
-  Ref r(PyObject_Vectorcall(env.remat_allowance, a, 2, nullptr));
-  return r ? PyFloat_AsDouble(r.get()) : NAN;
-}
+// remat_allowance(thrash_limit, core.base_compute), the core's rule (csrc/core.h), through its table.
+double allowance(FastPath* f, double limit) { return api->remat_allowance(limit, api->base_compute(f->c)); }
 
 // Everything after the op ran (DTRMode._commit for an op that writes nothing).
 PyObject* commit(FastPath* f, PyObject* func, const OpInfo* info, Entry* e, Scan& s, const std::vector<long>& ins,
-                 long op, PyObject* out, double cost, PyObject* rng, double allowed_before) {
+                 long op, PyObject* out, double cost, PyObject* rng) {
   Ref out_ref = borrowed(out);
   std::vector<PyObject*> flat;
   flatten_out(out, flat);
@@ -841,11 +839,8 @@ PyObject* commit(FastPath* f, PyObject* func, const OpInfo* info, Entry* e, Scan
   PyObject* limit = get(f, names.thrash_limit);
   double lim = limit ? PyFloat_AsDouble(limit) : INFINITY;
   double rc = api->remat_compute(f->c);
-  // remat_allowance never shrinks as base compute grows: within the allowance the op began with, the
-  // check passes without asking again (the common case: one call to dtr.semantics per op, not two).
-  if (std::isfinite(lim) && !(rc <= allowed_before)) {
-    double allowed = allowance(f, limit);
-    if (PyErr_Occurred()) return nullptr;
+  if (std::isfinite(lim)) {
+    double allowed = allowance(f, lim);
     if (rc > allowed) {
       Ref msg(PyUnicode_FromFormat("while running %S", func));
       Ref a(PyFloat_FromDouble(rc)), b(PyFloat_FromDouble(allowed));
@@ -962,11 +957,8 @@ PyObject* fast_call(FastPath* f, PyObject* func, PyObject* types, PyObject* args
   }
   PyObject* limit = get(f, names.thrash_limit);
   double lim = limit ? PyFloat_AsDouble(limit) : INFINITY;
-  double allowed = INFINITY;
   if (std::isfinite(lim)) {  // let the core stop a runaway chain of recomputations as it happens
-    allowed = allowance(f, limit);
-    if (PyErr_Occurred()) return nullptr;
-    api->set_remat_limit(f->c, allowed);
+    api->set_remat_limit(f->c, allowance(f, lim));
   }
   std::vector<int> in_ids(ins.begin(), ins.end());
   int op = api->begin_call(f->c, in_ids.data(), static_cast<int>(in_ids.size()), e->sizes.data(),
@@ -974,7 +966,7 @@ PyObject* fast_call(FastPath* f, PyObject* func, PyObject* types, PyObject* args
   if (op < 0) { translate_error(); return nullptr; }
   // The op itself, timed on the host clock (timing.WallTimer: perf_counter_ns) when costs are measured.
   auto t0 = std::chrono::steady_clock::now();
-  PyObject* out = PyObject_Call(func, args, kwargs);
+  PyObject* out = PyObject_Call(info->call.get(), args, kwargs);
   auto t1 = std::chrono::steady_clock::now();
   if (out == nullptr) {
     PyObject *et, *ev, *etb;
@@ -984,7 +976,7 @@ PyObject* fast_call(FastPath* f, PyObject* func, PyObject* types, PyObject* args
     return nullptr;
   }
   if (f->measured) cost = static_cast<double>(std::chrono::duration_cast<std::chrono::nanoseconds>(t1 - t0).count());
-  PyObject* result = commit(f, func, info, e, s, ins, op, out, cost, rng.get(), allowed);
+  PyObject* result = commit(f, func, info, e, s, ins, op, out, cost, rng.get());
   Py_DECREF(out);
   return result;
 }
@@ -1187,7 +1179,7 @@ PyObject* configure(PyObject*, PyObject* kwargs_dict) {
     return nullptr;
   }
   if (!(env.slot_type = item("Slot")) || !(env.recipe_type = item("Recipe")) ||
-      !(env.wall_timer = item("WallTimer")) || !(env.remat_allowance = item("remat_allowance")) ||
+      !(env.wall_timer = item("WallTimer")) ||
       !(env.thrashing_error = item("ThrashingError")) || !(env.translated = item("TRANSLATED")) ||
       !(env.rng_capture = item("rng_capture")) || !(env.size_warning = item("size_warning")) ||
       !(env.op_info = item("op_info")) || !(env.effects = item("effects")))
