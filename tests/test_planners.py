@@ -304,3 +304,15 @@ def test_fastsa_warm_start_fits_long_chain():
     assert cold.status == "oom" and cold.status in STATUSES
     assert warm.status == "ok" and ev.valid and "plan" in warm.message
     assert ev.total_compute <= run_planner("chen", pg, b).predicted_cost + 1e-9
+
+
+def test_chen_grid_search_stops_at_the_time_limit():
+    """On a general graph Chen's grid search honours the time limit: no plan yet is ``timeout``, not a hang."""
+    g = graph_from_log(parse_text(random_dag(3, n=40)))
+    pg = plan_graph(g)
+    assert chain_shape(pg) is None
+    budget = _no_remat_peak(pg)  # every grid point would fit: only the limit can stop it before the first
+    r = run_planner("chen", pg, budget, PlanOptions(time_limit=0.0))
+    assert r.status == "timeout" and r.sequence is None and "time limit" in r.message
+    r = run_planner("chen", pg, budget, PlanOptions(time_limit=60.0))
+    assert r.status == "ok" and r.sequence is not None

@@ -5,6 +5,7 @@ See Note [Chen on chains and on general graphs].
 from __future__ import annotations
 
 import math
+import time
 from typing import List, Optional, Sequence, Tuple
 
 from dtr.sim.graph import PlanGraph, chain_shape
@@ -33,7 +34,10 @@ __all__ = ["plan_chen", "checkpoint_sequence", "greedy_checkpoints"]
 #   the nodes in order adding their sizes; when the running sum passes a
 #   threshold x, mark the node a checkpoint and restart the sum. x is searched
 #   over a geometric grid (Chen's grid search), and the cheapest plan within
-#   the budget wins (ties: lower peak). When no plan fits: ``oom``.
+#   the budget wins (ties: lower peak). When no plan fits: ``oom``. The grid
+#   stops at ``options.time_limit`` (each point costs a sweep of the graph:
+#   seconds on graphs of tens of thousands of nodes): the best plan so far,
+#   or ``timeout`` when none fit yet.
 
 
 def checkpoint_sequence(pg: PlanGraph, ckpt: Sequence[bool]) -> List[int]:
@@ -91,8 +95,9 @@ def plan_chen(pg: PlanGraph, budget: int, options: PlanOptions) -> PlanResult:
     """Chen's sqrt(n) segments on chains, its greedy variant elsewhere.
 
     Returns:
-        ``ok`` with the cheapest plan found within the budget, or ``oom`` (no
-        plan of this family fits; the message gives the lowest peak found).
+        ``ok`` with the cheapest plan found within the budget, ``oom`` (no
+        plan of this family fits; the message gives the lowest peak found),
+        or ``timeout`` (the time limit passed before any plan fit).
     """
     ch = chain_shape(pg)
     tried: List[Tuple[float, int, List[int], str]] = []
@@ -113,7 +118,13 @@ def plan_chen(pg: PlanGraph, budget: int, options: PlanOptions) -> PlanResult:
     steps = 40
     xs = sorted({lo * (hi / lo) ** (j / (steps - 1)) for j in range(steps)} | {0.0})
     best: Optional[Tuple[float, int, List[int], str]] = None
+    deadline = time.perf_counter() + options.time_limit
     for x in xs:
+        if time.perf_counter() > deadline:
+            if best is None:
+                return PlanResult("chen", "timeout", None,
+                                  message=f"time limit ({options.time_limit:g} s) after {len(tried)} grid points")
+            break
         seq = checkpoint_sequence(pg, greedy_checkpoints(pg, x))
         peak, cost = _measure(pg, seq)
         cand = (cost, peak, seq, f"greedy, threshold {x:.4g} bytes")
