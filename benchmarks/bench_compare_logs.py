@@ -133,13 +133,20 @@ def plot(rows: List[dict], planners: List[str], path: str) -> None:
     names = planners + [HEURISTIC]
     colors = {p: plt.get_cmap("tab10")(k % 10) for k, p in enumerate(names)}
     markers = "osD^v<>px*h"
+    ratios = [r["budget_ratio"] for r in rows]
+    lo, hi = (min(ratios), max(ratios)) if ratios else (0.0, 1.0)
     for ax, log in zip(axes.flat, logs):
+        drawn = False
         for k, p in enumerate(names):
             pts = sorted((r["budget_ratio"], r["overhead"]) for r in rows if r["log"] == log and r["planner"] == p
                          and r["valid"] and r["overhead"] is not None)
             if pts:
                 ax.plot([x for x, _ in pts], [y for _, y in pts], marker=markers[k % len(markers)], color=colors[p],
                         linestyle="--" if p == HEURISTIC else "-", label=p)
+                drawn = True
+        if not drawn:
+            ax.text(0.5, 0.5, "no valid schedule", ha="center", va="center", transform=ax.transAxes, fontsize=9)
+        ax.set_xlim(lo - 0.05, hi + 0.05)
         ax.set_title(log, fontsize=10)
         ax.set_xlabel("budget / peak", fontsize=8)
         ax.set_ylabel("overhead", fontsize=8)
