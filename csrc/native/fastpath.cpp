@@ -103,7 +103,7 @@ struct Env {
   X(memory) X(peak_memory) X(budget) X(base_compute) X(remat_compute) X(call) X(release) X(_generation)        \
   X(sizes) X(owning) X(metas) X(estimate) X(mutated) X(device) X(__exit__) X(cost_model) X(measured)        \
   X(untyped_storage) X(_schedule_full_poll) X(storage_of) X(defined) X(pinned) X(resident) X(storage_refs) X(begin_call)            \
-  X(end_call) X(abort_call) X(op_outputs) X(forget) X(set_remat_limit) X(_core) X(core) X(on_evict) X(_on_evict)
+  X(end_call) X(abort_call) X(op_outputs) X(forget) X(set_remat_limit) X(_core) X(core) X(on_evict) X(_on_evict) X(on_compute) X(_on_compute)
 struct Names {
 #define DTR_DECL(n) PyObject* n = nullptr;
   DTR_NAMES(DTR_DECL)
@@ -653,9 +653,9 @@ Entry* entry_for(FastPath* f, PyObject* func, PyObject* args, PyObject* kwargs, 
   for (size_t i = 0; agree && i < s.leaves.size(); ++i)
     agree = (PyList_GET_ITEM(leaves, i) == s.leaves[i].obj);
   if (agree && sizes.get() != Py_None) {
-    e.ok = true;
     Ref sz(PySequence_Fast(sizes.get(), "sizes")), ow(PySequence_Fast(owning.get(), "owning"));
     if (!sz || !ow) return nullptr;
+    e.ok = PySequence_Fast_GET_SIZE(sz.get()) == PySequence_Fast_GET_SIZE(ow.get());  // (one size per owner)
     for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(sz.get()); ++i) {
       e.sizes.push_back(PyLong_AsLongLong(PySequence_Fast_GET_ITEM(sz.get(), i)));
       e.total += e.sizes.back();
@@ -702,6 +702,8 @@ PyObject* commit(FastPath* f, PyObject* func, const OpInfo* info, Entry* e, Scan
   PyObject* alive = get(f, names.alive);
   Ref out_slots(PyTuple_New(static_cast<Py_ssize_t>(e->owning.size())));
   if (!out_slots) return nullptr;
+  std::vector<Ref> out_handles;  // (the new tensors' handles, in order)
+  out_handles.reserve(e->owning.size());
   for (size_t k = 0; k < e->owning.size(); ++k) {
     int pos = e->owning[k];
     PyObject* o = pos < static_cast<int>(flat.size()) ? flat[pos] : nullptr;
@@ -735,6 +737,7 @@ PyObject* commit(FastPath* f, PyObject* func, const OpInfo* info, Entry* e, Scan
         PyDict_SetItem(phys, sk.get(), buf.get()) < 0 || PyDict_SetItem(handle, tk.get(), h.get()) < 0 ||
         PyDict_SetItem(alive, h.get(), tk.get()) < 0)
       return nullptr;
+    out_handles.push_back(borrowed(h.get()));
     Ref size(int_tuple(ot.sizes())), stride(int_tuple(ot.strides()));
     if (!size || !stride) return nullptr;
     PyObject* dtype = reinterpret_cast<PyObject*>(torch::getTHPDtype(ot.scalar_type()));
@@ -763,17 +766,16 @@ PyObject* commit(FastPath* f, PyObject* func, const OpInfo* info, Entry* e, Scan
     return l;
   };
   PyObject* recorder = get(f, names.recorder);
-  Ref sizes_list;
-  {
-    PyObject* l = PyList_New(static_cast<Py_ssize_t>(e->sizes.size()));
-    if (l == nullptr) return nullptr;
-    for (size_t k = 0; k < e->sizes.size(); ++k) PyList_SET_ITEM(l, k, PyLong_FromLongLong(e->sizes[k]));
-    sizes_list = Ref(l);
-  }
-  Ref cost_obj(PyFloat_FromDouble(cost));
-  if (!cost_obj) return nullptr;
   if (recorder != nullptr && recorder != Py_None) {
-    Ref in_h = handles_of(ins, false), out_h = handles_of(new_tensors, false);
+    Ref sizes_list(PyList_New(static_cast<Py_ssize_t>(e->sizes.size())));
+    Ref cost_obj(PyFloat_FromDouble(cost));
+    if (!sizes_list || !cost_obj) return nullptr;
+    for (size_t k = 0; k < e->sizes.size(); ++k) {
+      PyObject* x = PyLong_FromLongLong(e->sizes[k]);
+      if (x == nullptr) return nullptr;
+      PyList_SET_ITEM(sizes_list.get(), k, x);
+    }
+    Ref in_h = handles_of(ins, false), out_h = handles_of(new_tensors, false);  // (rare: a log is recorded)
     Ref mutated(PyList_New(0));
     Ref kw(PyDict_New());
     if (!in_h || !out_h || !mutated || !kw || PyDict_SetItem(kw.get(), names.mutated, mutated.get()) < 0)
@@ -787,10 +789,9 @@ PyObject* commit(FastPath* f, PyObject* func, const OpInfo* info, Entry* e, Scan
   if (api->end_call(f->c, static_cast<int>(op), cost) < 0) { translate_error(); return nullptr; }
   {  // the handles this op read and made, for the next ops' polls
     Ref hs = handles_of(ins, true);
-    Ref more = handles_of(new_tensors, false);
-    if (!hs || !more) return nullptr;
-    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(more.get()); ++i)
-      if (PyList_Append(hs.get(), PyList_GET_ITEM(more.get(), i)) < 0) return nullptr;
+    if (!hs) return nullptr;
+    for (const Ref& h : out_handles)
+      if (PyList_Append(hs.get(), h.get()) < 0) return nullptr;
     PyObject* recent = get(f, names._recent_ops);
     if (PyList_Append(recent, hs.get()) < 0) return nullptr;
     if (PyList_GET_SIZE(recent) > env.recent_ops && PySequence_DelItem(recent, 0) < 0) return nullptr;
@@ -1059,9 +1060,9 @@ int FastPath_init(PyObject* self, PyObject* args, PyObject* kwargs) {
   if (!capsule) return -1;
   f->c = PyCapsule_GetPointer(capsule.get(), DTR_CORE_CAPSULE);
   if (f->c == nullptr) return -1;
-  {  // this path's on_evict hook replaces the reference's (Budget's end clears every hook)
-    Ref hook(PyObject_GetAttr(self, names.on_evict));
-    if (!hook || PyObject_SetAttr(f->core, names.on_evict, hook.get()) < 0) return -1;
+  for (PyObject* name : {names.on_evict, names.on_compute}) {  // this path's hooks replace the reference's
+    Ref hook(PyObject_GetAttr(self, name));                    // (Budget's end clears every hook)
+    if (!hook || PyObject_SetAttr(f->core, name, hook.get()) < 0) return -1;
   }
   f->cost_model = PyObject_GetAttr(mode, names.cost_model);
   if (f->cost_model == nullptr) return -1;
@@ -1143,7 +1144,23 @@ PyObject* FastPath_on_evict(PyObject* self, PyObject* const* args, Py_ssize_t n)
   return PyObject_CallMethodOneArg(f->mode, names._on_evict, args[0]);
 }
 
+// The core's on_compute hook (op, remat) while this path runs: DTRMode._on_compute has work only for a
+// recomputation; a first computation (every op this path runs) ends here.
+PyObject* FastPath_on_compute(PyObject* self, PyObject* const* args, Py_ssize_t n) {
+  FastPath* f = reinterpret_cast<FastPath*>(self);
+  if (n < 2) {
+    PyErr_SetString(PyExc_TypeError, "on_compute(op, remat)");
+    return nullptr;
+  }
+  int remat = PyObject_IsTrue(args[1]);
+  if (remat < 0) return nullptr;
+  if (!remat) Py_RETURN_NONE;
+  return PyObject_CallMethodObjArgs(f->mode, names._on_compute, args[0], args[1], nullptr);
+}
+
 PyMethodDef FastPath_methods[] = {
+    {"on_compute", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(FastPath_on_compute)), METH_FASTCALL,
+     "The core's on_compute hook while this path runs (DTRMode._on_compute for a recomputation)."},
     {"on_evict", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(FastPath_on_evict)), METH_FASTCALL,
      "The core's on_evict hook while this path runs (DTRMode._on_evict where it has work)."},
     {nullptr, nullptr, 0, nullptr}};
