@@ -128,4 +128,4 @@ def run_planner(name: str, pg: PlanGraph, budget: int, options: Optional[PlanOpt
 
 # The planners register themselves on import (they import numpy/scipy lazily), in the order of
 # planner_names(): cheapest first, so this import is not sorted.
-from dtr.sim.planners import chen, rotor, checkmate, fastsa  # noqa: E402,F401,I001
+from dtr.sim.planners import chen, rotor, checkmate, fastsa, hierarchical  # noqa: E402,F401,I001
