@@ -602,8 +602,9 @@ def plan_hierarchical(pg: PlanGraph, budget: int, options: PlanOptions) -> PlanR
     cands: List[Tuple[float, int, List[int], str]] = []
     msgs: List[str] = []
     if pg.n <= SMALL_GRAPH:
-        from dtr.sim.planners.checkmate import plan_checkmate
         from dataclasses import replace
+
+        from dtr.sim.planners.checkmate import plan_checkmate
         r = plan_checkmate(pg, budget, replace(options, time_limit=max(0.1, 0.5 * options.time_limit)))
         if r.sequence is not None:
             peak, cost = _measure(pg, list(r.sequence))
