@@ -66,6 +66,10 @@ PART_NODES = 32
 SLOTS = 1024
 #: Graphs up to this many nodes are also given to the whole-graph ILP.
 SMALL_GRAPH = 80
+#: Parts with at most this many keep variables (nodes and outside inputs) are enumerated.
+ENUM_VARS = 10
+#: At most this many parts per partition get the ILP (the others: greedy options).
+ILP_PARTS = 150
 #: Budget fractions (of a part's keepable bytes) the part ILP is solved for.
 CAPS = (0.0, 0.1, 0.2, 0.3, 0.45, 0.6, 0.8)
 
@@ -303,6 +307,39 @@ def _ilp_options(pg: PlanGraph, sp: Split, nodes: Sequence[int], deadline: float
     return out
 
 
+def _enum_options(pg: PlanGraph, sp: Split, nodes: Sequence[int]) -> List[Option]:
+    """Every keep set of a small part (its nodes and outside inputs), exactly (Note [The part options])."""
+    inside = set(nodes)
+    ext = _part_inputs(pg, nodes)
+    forced = frozenset(v for v in nodes if pg.referenced_at_end[v])
+    free = [v for v in list(nodes) + ext if v not in forced]
+    saved = [v for v in nodes if sp.saved[v]]
+    out: List[Option] = []
+    for mask in range(1 << len(free)):
+        keep = set(forced)
+        keep.update(v for j, v in enumerate(free) if mask >> j & 1)
+        rec: set = set()
+        stack = [v for v in saved if v not in keep]
+        ok = True
+        while stack and ok:
+            v = stack.pop()
+            if v in rec:
+                continue
+            rec.add(v)
+            for d in pg.deps[v]:
+                if pg.pinned[d] or d in keep:
+                    continue
+                if d in inside:
+                    stack.append(d)
+                else:
+                    ok = False
+                    break
+        if ok:
+            out.append(Option(mem=int(sum(pg.mem[v] for v in keep)), cost=float(sum(pg.cost[v] for v in rec)),
+                              keep=tuple(sorted(keep))))
+    return out
+
+
 def _greedy_options(pg: PlanGraph, sp: Split, nodes: Sequence[int], steps: int = 8) -> List[Option]:
     """Greedy options: drop saved values by increasing cost per byte (Note [The part options])."""
     inside = set(nodes)
@@ -334,10 +371,21 @@ def _greedy_options(pg: PlanGraph, sp: Split, nodes: Sequence[int], steps: int =
 
 def part_options(pg: PlanGraph, sp: Split, nodes: Sequence[int], deadline: float, use_ilp: bool = True
                  ) -> List[Option]:
-    """A part's options, keep-all first (Note [The part options])."""
+    """A part's Pareto front of options, by increasing memory (Note [The part options]).
+
+    Args:
+        pg: the planning graph.
+        sp: its split.
+        nodes: the part's nodes.
+        deadline: for the part's ILP (greedy options past it).
+        use_ilp: False: greedy options for a part too large to enumerate.
+    """
     keep_all = tuple(v for v in nodes if sp.saved[v])
     opts = [Option(mem=int(sum(pg.mem[v] for v in keep_all)), cost=0.0, keep=keep_all)]
-    more = _ilp_options(pg, sp, nodes, deadline) if use_ilp else None
+    if len(nodes) + len(_part_inputs(pg, nodes)) <= ENUM_VARS:
+        more: Optional[List[Option]] = _enum_options(pg, sp, nodes)
+    else:
+        more = _ilp_options(pg, sp, nodes, deadline) if use_ilp and time.perf_counter() < deadline else None
     opts += more if more is not None else _greedy_options(pg, sp, nodes)
     # the Pareto front: drop an option another beats on both memory and cost
     opts.sort(key=lambda o: (o.mem, o.cost))
@@ -365,10 +413,7 @@ def build_parts(pg: PlanGraph, sp: Split, deadline: float, part_nodes: int = PAR
         uses = [u for v in nodes if sp.saved[v] for u in users[v] if u > sp.turn]
         lo, hi = (min(uses), max(uses)) if uses else (n, n - 1)
         abar = sum(pg.mem[v] for v in nodes if sp.saved[v])
-        # spread the remaining time over the remaining parts
-        now = time.perf_counter()
-        share = now + (deadline - now) / max(1, len(groups) - k)
-        opts = part_options(pg, sp, nodes, share, use_ilp=len(nodes) <= 2 * PART_NODES)
+        opts = part_options(pg, sp, nodes, deadline, use_ilp=len(nodes) <= 2 * PART_NODES and k < ILP_PARTS)
         parts.append(Part(nodes=tuple(nodes), abar=abar, other=_window_max(other, lo, hi), options=tuple(opts)))
     return parts
 
@@ -611,7 +656,7 @@ def plan_hierarchical(pg: PlanGraph, budget: int, options: PlanOptions) -> PlanR
             if peak <= budget:
                 cands.append((cost, peak, list(r.sequence), "ilp-" + r.status))
         msgs.append(f"whole-graph ILP: {r.status}")
-    sizes = (PART_NODES, PART_NODES // 4, PART_NODES // 2, 2 * PART_NODES)
+    sizes = (PART_NODES // 2, PART_NODES // 8, PART_NODES, PART_NODES // 4, PART_NODES // 16, 2 * PART_NODES)
     t_dp = time.perf_counter() + 0.4 * max(0.0, deadline - time.perf_counter())
     chains: List[Tuple[float, int, List[int], List[bool], Split, int]] = []
     for k, part_nodes in enumerate(sizes):
