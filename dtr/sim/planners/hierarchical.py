@@ -469,18 +469,29 @@ def chain_dp(parts: Sequence[Part], budget: float, at_turn: int, slots: int = SL
     return picks
 
 
-def execute(pg: PlanGraph, sp: Split, keep: Sequence[bool]) -> List[int]:
+def execute(pg: PlanGraph, sp: Split, keep: Sequence[bool], keep2: Optional[Sequence[bool]] = None) -> List[int]:
     """The compute sequence of a keep set (Note [Hierarchical planning]).
 
     The forward in the log's order; then the backward in the log's order,
     each dropped input recomputed first (recursively); then whatever is
     referenced at the end and not available.
+
+    Args:
+        pg: the planning graph.
+        sp: its split.
+        keep: per node, kept over T.
+        keep2: per node, whether a recomputed copy (or a backward value)
+            stays until its last use (default); False: it serves the
+            backward node it was recomputed for (a backward value: the next
+            backward node that reads it), and is recomputed again for the
+            next one (Note [Repairing the peak]).
     """
     n, deps, pinned = pg.n, pg.deps, pg.pinned
     seq = list(range(sp.turn + 1))
     avail = bytearray(n)
     for v in range(sp.turn + 1):
         avail[v] = 1 if (pinned[v] or keep[v]) else 0
+    fresh: List[int] = []
 
     def ensure(root: int) -> None:
         stack = [(root, False)]
@@ -491,6 +502,7 @@ def execute(pg: PlanGraph, sp: Split, keep: Sequence[bool]) -> List[int]:
             if ready:
                 seq.append(x)
                 avail[x] = 1
+                fresh.append(x)
                 continue
             stack.append((x, True))
             stack.extend((d, False) for d in deps[x] if not avail[d])
@@ -501,6 +513,16 @@ def execute(pg: PlanGraph, sp: Split, keep: Sequence[bool]) -> List[int]:
                 ensure(d)
         seq.append(v)
         avail[v] = 1
+        if keep2 is not None:
+            for d in deps[v]:
+                if d > sp.turn and not keep2[d] and not pg.referenced_at_end[d]:
+                    avail[d] = 0
+        if fresh:
+            if keep2 is not None:
+                for x in fresh:
+                    if not keep2[x]:
+                        avail[x] = 0
+            fresh.clear()
     for v in range(n):
         if pg.referenced_at_end[v] and not avail[v]:
             ensure(v)
@@ -511,18 +533,36 @@ def _measure(pg: PlanGraph, seq: List[int]) -> Tuple[int, float]:
     return sequence_profile(pg, sequence_steps(pg, seq))
 
 
-def _hierarchy(pg: PlanGraph, budget: int, deadline: float, part_nodes: int
-               ) -> Tuple[Optional[Tuple[float, int, List[int], List[bool]]], Split, str]:
-    """The best plan of the chain DP within the budget, calibrating B' (Note [Hierarchical planning])."""
-    sp = split_graph(pg)
-    if sp.turn < 0:
-        return None, sp, "no forward"
-    t_opts = time.perf_counter() + 0.5 * max(0.0, deadline - time.perf_counter())
-    parts = build_parts(pg, sp, t_opts, part_nodes)
+@dataclass
+class _Plan:
+    """A keep set with its measured sequence."""
+
+    cost: float
+    peak: int
+    seq: List[int]
+    keep: List[bool]
+    keep2: List[bool]
+
+
+def _plan_of(pg: PlanGraph, sp: Split, keep: List[bool], keep2: List[bool]) -> _Plan:
+    seq = execute(pg, sp, keep, keep2)
+    peak, cost = _measure(pg, seq)
+    return _Plan(cost, peak, seq, keep, keep2)
+
+
+def _hierarchy(pg: PlanGraph, sp: Split, budget: int, deadline: float, part_nodes: int
+               ) -> Tuple[Optional[_Plan], Optional[_Plan], str]:
+    """The chain DP's cheapest plan within the budget, calibrating B' (Note [Hierarchical planning]).
+
+    Returns:
+        (the cheapest plan that fits or None, the plan with the lowest peak, a message).
+    """
+    parts = build_parts(pg, sp, deadline, part_nodes)
     at_turn = max(0, sp.live[sp.turn] - sum(pg.mem[v] for v in range(sp.turn + 1) if sp.saved[v]))
-    best: Optional[Tuple[float, int, List[int], List[bool]]] = None
-    tried: Dict[Tuple[int, ...], Tuple[int, float]] = {}
-    lowest = None
+    best: Optional[_Plan] = None
+    lowest: Optional[_Plan] = None
+    tried: Dict[Tuple[int, ...], int] = {}
+    all_true = [True] * pg.n
 
     def attempt(alpha: float) -> Optional[bool]:
         nonlocal best, lowest
@@ -530,20 +570,18 @@ def _hierarchy(pg: PlanGraph, budget: int, deadline: float, part_nodes: int
         if picks is None:
             return None
         key = tuple(picks)
-        if key in tried:
-            peak, cost = tried[key]
-        else:
+        if key not in tried:
             keep = [False] * pg.n
             for part, j in zip(parts, picks):
                 for v in part.options[j].keep:
                     keep[v] = True
-            seq = execute(pg, sp, keep)
-            peak, cost = _measure(pg, seq)
-            tried[key] = (peak, cost)
-            lowest = peak if lowest is None else min(lowest, peak)
-            if peak <= budget and (best is None or (cost, peak) < (best[0], best[1])):
-                best = (cost, peak, seq, keep)
-        return peak <= budget
+            plan = _plan_of(pg, sp, keep, all_true)
+            tried[key] = plan.peak
+            if lowest is None or (plan.peak, plan.cost) < (lowest.peak, lowest.cost):
+                lowest = plan
+            if plan.peak <= budget and (best is None or (plan.cost, plan.peak) < (best.cost, best.peak)):
+                best = plan
+        return tried[key] <= budget
 
     # f(alpha): None (the DP finds nothing: alpha too small), True (fits), False (over the budget);
     # taken as monotone: find the largest alpha that fits.
@@ -556,7 +594,6 @@ def _hierarchy(pg: PlanGraph, budget: int, deadline: float, part_nodes: int
         res.append((a, r))
         if r is False:
             break
-    fits = [a for a, r in res if r]
     over = [a for a, r in res if r is False]
     if over:
         hi = over[0]
@@ -570,50 +607,140 @@ def _hierarchy(pg: PlanGraph, budget: int, deadline: float, part_nodes: int
                 hi = mid
             else:
                 lo = mid
-    del fits
     msg = f"{len(parts)} parts, {len(tried)} plans measured"
     if best is None:
-        msg += f"; lowest peak {lowest}" if lowest is not None else "; the chain DP found nothing"
-    return best, sp, msg
+        msg += f"; lowest peak {lowest.peak}" if lowest is not None else "; the chain DP found nothing"
+    return best, lowest, msg
 
 
-def refine(pg: PlanGraph, sp: Split, keep: List[bool], budget: int, deadline: float
-           ) -> Tuple[float, int, List[int], List[bool], int]:
-    """Keep more values while the plan still fits: node by node, measured.
+# Note [Refining the keep set]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# The chain DP's memory model is coarse (a part's whole saved bytes
+# resident during its backward, outside inputs counted twice, one scalar
+# calibration for all parts), so its plan usually leaves room under the
+# budget. The refinement walks the values the plan recomputes, most
+# expensive per byte first, and keeps each one (over T, or a recomputed
+# copy until its last use) if the plan then still fits (measured, not
+# modelled) and costs less; two passes at most, within the time limit. Only
+# the cheapest two chain plans (over the part sizes tried) are refined.
 
-    See Note [Refining the keep set].
+def refine(pg: PlanGraph, sp: Split, plan: _Plan, budget: int, deadline: float) -> Tuple[_Plan, int]:
+    """Keep more values while the plan still fits, one by one, measured (Note [Refining the keep set]).
 
     Returns:
-        (cost, peak, sequence, keep set, values kept in addition).
+        (the refined plan, how many values it keeps in addition).
     """
-    keep = list(keep)
-    seq = execute(pg, sp, keep)
-    peak, cost = _measure(pg, seq)
     count = [0] * pg.n
-    for v in seq:
+    for v in plan.seq:
         count[v] += 1
-    cands = [v for v in range(sp.turn + 1) if count[v] > 1 and not keep[v]]
-    cands.sort(key=lambda v: (-(pg.cost[v] / max(1, pg.mem[v])), v))
+    cands = [(v, 1) for v in range(sp.turn + 1) if count[v] > 1 and not plan.keep[v]]
+    cands += [(v, 2) for v in range(sp.turn + 1) if count[v] > 1 and not plan.keep2[v]]
+    cands.sort(key=lambda c: (-(pg.cost[c[0]] / max(1, pg.mem[c[0]])), c))
     added = 0
     for _ in range(2):
         improved = False
-        for v in cands:
-            if keep[v]:
+        for v, level in cands:
+            if (plan.keep if level == 1 else plan.keep2)[v]:
                 continue
             if time.perf_counter() > deadline:
-                return cost, peak, seq, keep, added
-            keep[v] = True
-            s2 = execute(pg, sp, keep)
-            p2, c2 = _measure(pg, s2)
-            if p2 <= budget and c2 < cost - 1e-12:
-                cost, peak, seq = c2, p2, s2
+                return plan, added
+            keep, keep2 = list(plan.keep), list(plan.keep2)
+            (keep if level == 1 else keep2)[v] = True
+            p2 = _plan_of(pg, sp, keep, keep2)
+            if p2.peak <= budget and p2.cost < plan.cost - 1e-12:
+                plan = p2
                 added += 1
                 improved = True
-            else:
-                keep[v] = False
         if not improved:
             break
-    return cost, peak, seq, keep, added
+    return plan, added
+
+
+# Note [Repairing the peak]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~
+# One level of recomputation cannot go below a part's saved bytes plus the
+# boundaries kept over T; a tight budget needs more (Rotor's recursion,
+# rockmate.txt 3.4). When no chain plan fits, the repair starts from the one
+# with the lowest peak and lowers its peak step by step, measured: among the
+# forward values resident at the peak, it either drops a kept one (the
+# backward recomputes it) or, for a copy the backward recomputed, lets it
+# serve only the backward node it was recomputed for (keep2 false: the next
+# reader recomputes it again, a second level of recomputation, as DTR
+# does), or lets a backward value go after its next reader (recomputed,
+# recursively, when another needs it). The REPAIR_TRIES candidates cheapest
+# per byte are measured at each step; the one that adds the least cost per
+# byte of peak it removes is taken. It stops when the plan
+# fits, when no candidate lowers the peak, or at the time limit; a plan that
+# fits is then refined (Note [Refining the keep set]).
+
+#: Candidates tried per repair step.
+REPAIR_TRIES = 24
+
+
+def _peak_residents(pg: PlanGraph, seq: List[int]) -> List[Tuple[int, int]]:
+    """(node, position in seq of the computation) of each storage resident at the peak."""
+    steps = sequence_steps(pg, seq)
+    size = pg.graph.storage_size
+    mem = peak = 0
+    at = -1
+    for i, (kind, x) in enumerate(steps):
+        if kind == "compute":
+            mem += pg.mem[x]
+            if mem > peak:
+                peak, at = mem, i
+        else:
+            mem -= size[x]
+    alive: Dict[int, int] = {}
+    pos = -1
+    for kind, x in steps[:at + 1]:
+        if kind == "compute":
+            pos += 1
+            for s in pg.storages[x]:
+                alive[s] = pos
+        else:
+            alive.pop(x, None)
+    return [(pg.storage_node[s], p) for s, p in alive.items()]
+
+
+def repair(pg: PlanGraph, sp: Split, plan: _Plan, budget: int, deadline: float) -> Tuple[_Plan, int]:
+    """Lower a plan's peak until it fits, one measured change at a time (Note [Repairing the peak]).
+
+    Returns:
+        (the lowest plan reached, changes made).
+    """
+    changes = 0
+    while plan.peak > budget and time.perf_counter() < deadline:
+        cands = set()
+        for v, p in _peak_residents(pg, plan.seq):
+            if pg.pinned[v] or pg.referenced_at_end[v]:
+                continue
+            if v > sp.turn:
+                if plan.keep2[v]:
+                    cands.add((v, 2))
+            elif p <= sp.turn and plan.keep[v]:
+                cands.add((v, 1))
+            elif p > sp.turn and plan.keep2[v]:
+                cands.add((v, 2))
+        order = sorted(cands, key=lambda c: (pg.cost[c[0]] / max(1, pg.mem[c[0]]), c))
+        nxt: Optional[_Plan] = None
+        rate = math.inf
+        for v, level in order[:REPAIR_TRIES]:
+            if time.perf_counter() > deadline:
+                break
+            keep, keep2 = list(plan.keep), list(plan.keep2)
+            (keep if level == 1 else keep2)[v] = False
+            p2 = _plan_of(pg, sp, keep, keep2)
+            if p2.peak < plan.peak:
+                r = max(0.0, p2.cost - plan.cost) / (plan.peak - p2.peak)
+                if r < rate:
+                    nxt, rate = p2, r
+                if r == 0.0:
+                    break
+        if nxt is None:
+            break
+        plan = nxt
+        changes += 1
+    return plan, changes
 
 
 @register_planner("hierarchical")
@@ -657,22 +784,33 @@ def plan_hierarchical(pg: PlanGraph, budget: int, options: PlanOptions) -> PlanR
                 cands.append((cost, peak, list(r.sequence), "ilp-" + r.status))
         msgs.append(f"whole-graph ILP: {r.status}")
     sizes = (PART_NODES // 2, PART_NODES // 8, PART_NODES, PART_NODES // 4, PART_NODES // 16, 2 * PART_NODES)
-    t_dp = time.perf_counter() + 0.4 * max(0.0, deadline - time.perf_counter())
-    chains: List[Tuple[float, int, List[int], List[bool], Split, int]] = []
-    for k, part_nodes in enumerate(sizes):
+    sp = split_graph(pg)
+    fits: List[Tuple[_Plan, int]] = []
+    low: Optional[Tuple[_Plan, int]] = None
+    if sp.turn >= 0:
+        t_dp = time.perf_counter() + 0.4 * max(0.0, deadline - time.perf_counter())
+        for part_nodes in sizes:
+            if time.perf_counter() > t_dp:
+                break
+            best, lowest, msg = _hierarchy(pg, sp, budget, t_dp, part_nodes)
+            msgs.append(f"parts of <= {part_nodes}: {msg}")
+            if best is not None:
+                fits.append((best, part_nodes))
+            if lowest is not None and (low is None or lowest.peak < low[0].peak):
+                low = (lowest, part_nodes)
+    if not fits and low is not None:
         now = time.perf_counter()
-        if now > t_dp:
-            break
-        best, sp, msg = _hierarchy(pg, budget, now + (t_dp - now) / (len(sizes) - k), part_nodes)
-        msgs.append(f"parts of <= {part_nodes}: {msg}")
-        if best is not None:
-            chains.append((best[0], best[1], best[2], best[3], sp, part_nodes))
+        plan, changes = repair(pg, sp, low[0], budget, now + 0.6 * (deadline - now))
+        msgs.append(f"repair of the lowest plan (parts of <= {low[1]}): {changes} changes, peak {plan.peak}")
+        if plan.peak <= budget:
+            fits.append((plan, low[1]))
     # Refine the best chain plans, cheapest first (Note [Refining the keep set]).
-    chains.sort(key=lambda c: (c[0], c[1]))
-    for k, (cost, peak, seq, keep, sp, part_nodes) in enumerate(chains[:2]):
+    fits.sort(key=lambda c: (c[0].cost, c[0].peak))
+    for k, (plan, part_nodes) in enumerate(fits[:2]):
         now = time.perf_counter()
-        cost, peak, seq, keep, added = refine(pg, sp, keep, budget, now + (deadline - now) / (2 - k))
-        cands.append((cost, peak, seq, f"chain of parts of <= {part_nodes} nodes, refined (+{added} kept)"))
+        plan, added = refine(pg, sp, plan, budget, now + (deadline - now) / (2 - k))
+        cands.append((plan.cost, plan.peak, plan.seq, f"chain of parts of <= {part_nodes} nodes, refined "
+                                                      f"(+{added} kept)"))
     if not cands:
         status = "timeout" if time.perf_counter() > deadline else "oom"
         return PlanResult("hierarchical", status, None, message="; ".join(msgs))
