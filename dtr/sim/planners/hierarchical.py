@@ -69,9 +69,9 @@ SMALL_GRAPH = 80
 #: Parts with at most this many keep variables (nodes and outside inputs) are enumerated.
 ENUM_VARS = 10
 #: At most this many parts per partition get the ILP (the others: greedy options).
-ILP_PARTS = 150
+ILP_PARTS = 60
 #: Budget fractions (of a part's keepable bytes) the part ILP is solved for.
-CAPS = (0.0, 0.1, 0.2, 0.3, 0.45, 0.6, 0.8)
+CAPS = (0.0, 0.15, 0.3, 0.5, 0.75)
 
 
 @dataclass(frozen=True)
@@ -550,14 +550,24 @@ def _plan_of(pg: PlanGraph, sp: Split, keep: List[bool], keep2: List[bool]) -> _
     return _Plan(cost, peak, seq, keep, keep2)
 
 
-def _hierarchy(pg: PlanGraph, sp: Split, budget: int, deadline: float, part_nodes: int
+def _hierarchy(pg: PlanGraph, sp: Split, budget: int, deadline: float, hard: float, part_nodes: int
                ) -> Tuple[Optional[_Plan], Optional[_Plan], str]:
     """The chain DP's cheapest plan within the budget, calibrating B' (Note [Hierarchical planning]).
+
+    Args:
+        pg: the planning graph.
+        sp: its split.
+        budget: bytes.
+        deadline: for this partition (60% of it for the part options); the
+            first plan is measured even past it.
+        hard: the time limit.
+        part_nodes: the most nodes of a part.
 
     Returns:
         (the cheapest plan that fits or None, the plan with the lowest peak, a message).
     """
-    parts = build_parts(pg, sp, deadline, part_nodes)
+    now = time.perf_counter()
+    parts = build_parts(pg, sp, now + 0.6 * max(0.0, deadline - now), part_nodes)
     at_turn = max(0, sp.live[sp.turn] - sum(pg.mem[v] for v in range(sp.turn + 1) if sp.saved[v]))
     best: Optional[_Plan] = None
     lowest: Optional[_Plan] = None
@@ -588,7 +598,8 @@ def _hierarchy(pg: PlanGraph, sp: Split, budget: int, deadline: float, part_node
     grid = [0.25 * 1.5 ** k for k in range(9)]  # 0.25 .. 6.4
     res = []
     for a in grid:
-        if time.perf_counter() > deadline:
+        now = time.perf_counter()
+        if now > hard or (now > deadline and tried):
             break
         r = attempt(a)
         res.append((a, r))
@@ -618,10 +629,12 @@ def _hierarchy(pg: PlanGraph, sp: Split, budget: int, deadline: float, part_node
 # The chain DP's memory model is coarse (a part's whole saved bytes
 # resident during its backward, outside inputs counted twice, one scalar
 # calibration for all parts), so its plan usually leaves room under the
-# budget. The refinement walks the values the plan recomputes, most
-# expensive per byte first, and keeps each one (over T, or a recomputed
-# copy until its last use) if the plan then still fits (measured, not
-# modelled) and costs less; two passes at most, within the time limit. Only
+# budget. The refinement takes the values the plan recomputes, most
+# expensive per byte first, and keeps them (over T, or a recomputed copy
+# until its last use) while the plan still fits (measured, not modelled) and
+# costs less: first the longest prefix of that order that fits (a
+# bisection: few measurements on big graphs), then one by one; two passes
+# at most, within the time limit. Only
 # the cheapest two chain plans (over the part sizes tried) are refined.
 
 def refine(pg: PlanGraph, sp: Split, plan: _Plan, budget: int, deadline: float) -> Tuple[_Plan, int]:
@@ -637,6 +650,26 @@ def refine(pg: PlanGraph, sp: Split, plan: _Plan, budget: int, deadline: float) 
     cands += [(v, 2) for v in range(sp.turn + 1) if count[v] > 1 and not plan.keep2[v]]
     cands.sort(key=lambda c: (-(pg.cost[c[0]] / max(1, pg.mem[c[0]])), c))
     added = 0
+
+    def with_prefix(k: int) -> _Plan:
+        keep, keep2 = list(plan.keep), list(plan.keep2)
+        for v, level in cands[:k]:
+            (keep if level == 1 else keep2)[v] = True
+        return _plan_of(pg, sp, keep, keep2)
+
+    # the longest prefix of the candidates that still fits, by bisection (few measurements on big graphs)
+    lo, hi = 0, len(cands)
+    while lo < hi and time.perf_counter() < deadline:
+        mid = (lo + hi + 1) // 2
+        p2 = with_prefix(mid)
+        if p2.peak <= budget:
+            lo = mid
+            if p2.cost < plan.cost - 1e-12:
+                plan, added = p2, added + mid
+                cands = cands[mid:]
+                lo, hi = 0, len(cands)
+        else:
+            hi = mid - 1
     for _ in range(2):
         improved = False
         for v, level in cands:
@@ -789,10 +822,12 @@ def plan_hierarchical(pg: PlanGraph, budget: int, options: PlanOptions) -> PlanR
     low: Optional[Tuple[_Plan, int]] = None
     if sp.turn >= 0:
         t_dp = time.perf_counter() + 0.4 * max(0.0, deadline - time.perf_counter())
-        for part_nodes in sizes:
-            if time.perf_counter() > t_dp:
+        for k, part_nodes in enumerate(sizes):
+            now = time.perf_counter()
+            if now > t_dp:
                 break
-            best, lowest, msg = _hierarchy(pg, sp, budget, t_dp, part_nodes)
+            best, lowest, msg = _hierarchy(pg, sp, budget, now + (t_dp - now) / (len(sizes) - k), deadline,
+                                           part_nodes)
             msgs.append(f"parts of <= {part_nodes}: {msg}")
             if best is not None:
                 fits.append((best, part_nodes))
