@@ -39,7 +39,8 @@ __all__ = ["plan_hierarchical", "Split", "Part", "Option", "split_graph", "parti
 #   goes after its last forward use).
 # The plan is the keep set. It is chosen hierarchically: the forward is cut
 # into a chain of parts (contiguous in the log's order, of about equal saved
-# bytes, at most PART_NODES nodes); each part gets a set of *options* (keep
+# bytes, at most a given number of nodes: each of PART_SIZES is tried, the
+# time limit shared among them); each part gets a set of *options* (keep
 # sets of the part, with the bytes they keep over T and the recomputation
 # they cost: Note [The part options]); a DP over the chain picks one option
 # per part. Memory model of the DP (Rotor's, rockmate.txt 3.4): when the
@@ -58,10 +59,18 @@ __all__ = ["plan_hierarchical", "Split", "Part", "Option", "split_graph", "parti
 # B' / budget for the cheapest plan whose real peak fits. Small graphs
 # (at most SMALL_GRAPH nodes) are also solved whole by the Checkmate ILP,
 # the hierarchy's leaf (hiremate.txt: the lowest level is solved exactly),
-# with part of the time limit; the cheaper valid plan wins.
+# with half the time limit; the cheaper valid plan wins.
+#
+# Time: the chain DPs get 40% of the time limit (each partition an equal
+# share of what is left, 60% of it for its part options), the repair and the
+# refinement the rest; the best plan found is returned when the time is up.
+# Every phase is deterministic (options.seed is unused) unless the time
+# limit cuts it short.
 
-#: Most forward nodes in one part (its ILP stays small).
-PART_NODES = 32
+#: The most forward nodes of a part, one partition per entry, in the order tried.
+PART_SIZES = (16, 4, 32, 8, 2, 64)
+#: Parts larger than this get greedy options (their ILP would be slow).
+ILP_NODES = 64
 #: Memory slots of the chain DP.
 SLOTS = 1024
 #: Graphs up to this many nodes are also given to the whole-graph ILP.
@@ -126,7 +135,14 @@ class Part:
 
 
 def split_graph(pg: PlanGraph) -> Split:
-    """Find the turning point and the saved values (Note [Hierarchical planning])."""
+    """Find the turning point and the saved values (Note [Hierarchical planning]).
+
+    Args:
+        pg: the planning graph.
+
+    Returns:
+        The :class:`Split` (turn -1 for an empty graph).
+    """
     n = pg.n
     steps = sequence_steps(pg, range(n))
     live = [0] * n
@@ -166,11 +182,19 @@ def split_graph(pg: PlanGraph) -> Split:
                  saved_live=tuple(saved_live))
 
 
-def partition(pg: PlanGraph, sp: Split, part_nodes: int = PART_NODES) -> List[Tuple[int, ...]]:
+def partition(pg: PlanGraph, sp: Split, part_nodes: int = 16) -> List[Tuple[int, ...]]:
     """Cut the forward's non-pinned nodes into contiguous parts of about equal saved bytes.
 
     A part closes when it reaches ``part_nodes`` nodes or its share of the
     saved bytes (the total over the number of parts ``part_nodes`` implies).
+
+    Args:
+        pg: the planning graph.
+        sp: its split.
+        part_nodes: the most nodes of a part.
+
+    Returns:
+        The parts' nodes, in the forward's order.
     """
     fwd = [v for v in range(sp.turn + 1) if not pg.pinned[v]]
     if not fwd:
@@ -379,6 +403,10 @@ def part_options(pg: PlanGraph, sp: Split, nodes: Sequence[int], deadline: float
         nodes: the part's nodes.
         deadline: for the part's ILP (greedy options past it).
         use_ilp: False: greedy options for a part too large to enumerate.
+
+    Returns:
+        The options, increasing memory and decreasing cost; the last keeps
+        every saved value and costs nothing.
     """
     keep_all = tuple(v for v in nodes if sp.saved[v])
     opts = [Option(mem=int(sum(pg.mem[v] for v in keep_all)), cost=0.0, keep=keep_all)]
@@ -400,8 +428,18 @@ def _window_max(other: Sequence[int], lo: int, hi: int) -> int:
     return max(other[lo:hi + 1], default=0) if lo <= hi else 0
 
 
-def build_parts(pg: PlanGraph, sp: Split, deadline: float, part_nodes: int = PART_NODES) -> List[Part]:
-    """Partition the forward and compute every part's options and memory figures."""
+def build_parts(pg: PlanGraph, sp: Split, deadline: float, part_nodes: int = 16) -> List[Part]:
+    """Partition the forward and compute every part's options and memory figures.
+
+    Args:
+        pg: the planning graph.
+        sp: its split.
+        deadline: past it, parts get greedy options instead of the ILP's.
+        part_nodes: the most nodes of a part.
+
+    Returns:
+        The chain of :class:`Part`, in the forward's order.
+    """
     n = pg.n
     other = [0] * n
     for p in range(sp.turn + 1, n):
@@ -413,7 +451,7 @@ def build_parts(pg: PlanGraph, sp: Split, deadline: float, part_nodes: int = PAR
         uses = [u for v in nodes if sp.saved[v] for u in users[v] if u > sp.turn]
         lo, hi = (min(uses), max(uses)) if uses else (n, n - 1)
         abar = sum(pg.mem[v] for v in nodes if sp.saved[v])
-        opts = part_options(pg, sp, nodes, deadline, use_ilp=len(nodes) <= 2 * PART_NODES and k < ILP_PARTS)
+        opts = part_options(pg, sp, nodes, deadline, use_ilp=len(nodes) <= ILP_NODES and k < ILP_PARTS)
         parts.append(Part(nodes=tuple(nodes), abar=abar, other=_window_max(other, lo, hi), options=tuple(opts)))
     return parts
 
@@ -816,7 +854,7 @@ def plan_hierarchical(pg: PlanGraph, budget: int, options: PlanOptions) -> PlanR
             if peak <= budget:
                 cands.append((cost, peak, list(r.sequence), "ilp-" + r.status))
         msgs.append(f"whole-graph ILP: {r.status}")
-    sizes = (PART_NODES // 2, PART_NODES // 8, PART_NODES, PART_NODES // 4, PART_NODES // 16, 2 * PART_NODES)
+    sizes = PART_SIZES
     sp = split_graph(pg)
     fits: List[Tuple[_Plan, int]] = []
     low: Optional[Tuple[_Plan, int]] = None
