@@ -738,7 +738,8 @@ def refine(pg: PlanGraph, sp: Split, plan: _Plan, budget: int, deadline: float) 
 # serve only the backward node it was recomputed for (keep2 false: the next
 # reader recomputes it again, a second level of recomputation, as DTR
 # does), or lets a backward value go after its next reader (recomputed,
-# recursively, when another needs it). The REPAIR_TRIES candidates cheapest
+# recursively, when another needs it). The lowest plans of the partitions
+# are repaired in turn, lowest first, until one fits. The REPAIR_TRIES candidates cheapest
 # per byte are measured at each step; the one that adds the least cost per
 # byte of peak it removes is taken. It stops when the plan
 # fits, when no candidate lowers the peak, or at the time limit; a plan that
@@ -857,7 +858,7 @@ def plan_hierarchical(pg: PlanGraph, budget: int, options: PlanOptions) -> PlanR
     sizes = PART_SIZES
     sp = split_graph(pg)
     fits: List[Tuple[_Plan, int]] = []
-    low: Optional[Tuple[_Plan, int]] = None
+    lows: List[Tuple[_Plan, int]] = []
     if sp.turn >= 0:
         t_dp = time.perf_counter() + 0.4 * max(0.0, deadline - time.perf_counter())
         for k, part_nodes in enumerate(sizes):
@@ -869,14 +870,20 @@ def plan_hierarchical(pg: PlanGraph, budget: int, options: PlanOptions) -> PlanR
             msgs.append(f"parts of <= {part_nodes}: {msg}")
             if best is not None:
                 fits.append((best, part_nodes))
-            if lowest is not None and (low is None or lowest.peak < low[0].peak):
-                low = (lowest, part_nodes)
-    if not fits and low is not None:
+            if lowest is not None:
+                lows.append((lowest, part_nodes))
+    # Repair the lowest plans of the partitions, lowest first, until one fits (Note [Repairing the peak]).
+    lows.sort(key=lambda c: (c[0].peak, c[0].cost))
+    t_rep = time.perf_counter() + 0.6 * max(0.0, deadline - time.perf_counter())
+    for k, (low, part_nodes) in enumerate(lows if not fits else []):
         now = time.perf_counter()
-        plan, changes = repair(pg, sp, low[0], budget, now + 0.6 * (deadline - now))
-        msgs.append(f"repair of the lowest plan (parts of <= {low[1]}): {changes} changes, peak {plan.peak}")
+        if now > t_rep:
+            break
+        plan, changes = repair(pg, sp, low, budget, now + (t_rep - now) / (len(lows) - k))
+        msgs.append(f"repair of the lowest plan of parts of <= {part_nodes}: {changes} changes, peak {plan.peak}")
         if plan.peak <= budget:
-            fits.append((plan, low[1]))
+            fits.append((plan, part_nodes))
+            break
     # Refine the best chain plans, cheapest first (Note [Refining the keep set]).
     fits.sort(key=lambda c: (c[0].cost, c[0].peak))
     for k, (plan, part_nodes) in enumerate(fits[:2]):
