@@ -191,3 +191,20 @@ def test_part_ilp_is_exact_against_enumeration():
             fits = [o.cost for o in enum if o.mem <= frac * keepable + 1e-6]
             got = [o.cost for o in ilp if o.mem <= frac * keepable + 1e-6]
             assert (min(fits) if fits else None) == (min(got) if got else None)
+
+
+def test_second_level_recomputation_is_valid_and_repair_lowers_the_peak():
+    g, pg = _graph(hetero_chain(25, random.Random(8)))
+    sp = H.split_graph(pg)
+    rng = random.Random(1)
+    for _ in range(10):
+        keep = [rng.random() < 0.3 for _ in range(pg.n)]
+        keep2 = [rng.random() < 0.5 for _ in range(pg.n)]
+        ev = evaluate(g, plan_schedule(pg, H.execute(pg, sp, keep, keep2)).steps)
+        assert ev.valid, ev.error
+    start = H._plan_of(pg, sp, [bool(x) for x in sp.saved], [True] * pg.n)
+    budget = int(start.peak * 0.5)
+    plan, changes = H.repair(pg, sp, start, budget, time.perf_counter() + 10)
+    assert changes > 0 and plan.peak < start.peak
+    assert sequence_profile(pg, sequence_steps(pg, plan.seq)) == (plan.peak, plan.cost)
+    assert evaluate(g, plan_schedule(pg, plan.seq).steps).valid
