@@ -208,3 +208,25 @@ def test_second_level_recomputation_is_valid_and_repair_lowers_the_peak():
     assert changes > 0 and plan.peak < start.peak
     assert sequence_profile(pg, sequence_steps(pg, plan.seq)) == (plan.peak, plan.cost)
     assert evaluate(g, plan_schedule(pg, plan.seq).steps).valid
+
+
+def test_chain_path_alone_within_five_percent_of_the_proven_ilp_on_chains(monkeypatch):
+    # without the whole-graph ILP leaf: the chain of parts, its DP, the repair and the refinement only
+    monkeypatch.setattr(H, "SMALL_GRAPH", 0)
+    checked = 0
+    for seed in range(3):
+        g, pg = _graph(hetero_chain(8, random.Random(seed)))
+        hi = _no_remat_peak(pg)
+        for frac in (0.8, 0.7):  # tighter budgets on tiny chains need two levels (left to the ILP leaf)
+            b = int(hi * frac)
+            ilp = run_planner("checkmate", pg, b, FAST)
+            h = run_planner("hierarchical", pg, b, FAST)
+            ev = _check(g, pg, h, b)
+            assert "whole-graph ILP" not in h.message
+            if ilp.status != "optimal":
+                continue
+            ev_ilp = evaluate(g, plan_schedule(pg, ilp.sequence).steps, b)
+            assert ev is not None, (seed, frac, h.message)
+            assert ev.total_compute <= 1.05 * ev_ilp.total_compute + 1e-9, (seed, frac)
+            checked += 1
+    assert checked >= 3

@@ -69,6 +69,8 @@ __all__ = ["plan_hierarchical", "Split", "Part", "Option", "split_graph", "parti
 
 #: The most forward nodes of a part, one partition per entry, in the order tried.
 PART_SIZES = (16, 4, 32, 8, 2, 64)
+#: Forwards of at most this many nodes also try parts of one node.
+SMALL_FORWARD = 256
 #: Parts larger than this get greedy options (their ILP would be slow).
 ILP_NODES = 64
 #: Memory slots of the chain DP.
@@ -855,8 +857,8 @@ def plan_hierarchical(pg: PlanGraph, budget: int, options: PlanOptions) -> PlanR
             if peak <= budget:
                 cands.append((cost, peak, list(r.sequence), "ilp-" + r.status))
         msgs.append(f"whole-graph ILP: {r.status}")
-    sizes = PART_SIZES
     sp = split_graph(pg)
+    sizes = PART_SIZES + ((1,) if sum(1 for v in range(sp.turn + 1) if not pg.pinned[v]) <= SMALL_FORWARD else ())
     fits: List[Tuple[_Plan, int]] = []
     lows: List[Tuple[_Plan, int]] = []
     if sp.turn >= 0:
