@@ -407,8 +407,8 @@ def part_options(pg: PlanGraph, sp: Split, nodes: Sequence[int], deadline: float
         use_ilp: False: greedy options for a part too large to enumerate.
 
     Returns:
-        The options, increasing memory and decreasing cost; the last keeps
-        every saved value and costs nothing.
+        The options, increasing memory and decreasing cost; the last one
+        costs nothing (keeping every saved value always does).
     """
     keep_all = tuple(v for v in nodes if sp.saved[v])
     opts = [Option(mem=int(sum(pg.mem[v] for v in keep_all)), cost=0.0, keep=keep_all)]
@@ -426,8 +426,9 @@ def part_options(pg: PlanGraph, sp: Split, nodes: Sequence[int], deadline: float
     return front
 
 
-def _window_max(other: Sequence[int], lo: int, hi: int) -> int:
-    return max(other[lo:hi + 1], default=0) if lo <= hi else 0
+def _window_max(other, lo: int, hi: int) -> int:
+    """The most of ``other`` (a numpy array) over positions lo..hi (0 when empty)."""
+    return int(other[lo:hi + 1].max()) if lo <= hi else 0
 
 
 def build_parts(pg: PlanGraph, sp: Split, deadline: float, part_nodes: int = 16) -> List[Part]:
@@ -442,10 +443,10 @@ def build_parts(pg: PlanGraph, sp: Split, deadline: float, part_nodes: int = 16)
     Returns:
         The chain of :class:`Part`, in the forward's order.
     """
+    import numpy as np
     n = pg.n
-    other = [0] * n
-    for p in range(sp.turn + 1, n):
-        other[p] = max(0, sp.live[p] - sp.saved_live[p])
+    other = np.maximum(0, np.asarray(sp.live, dtype=np.int64) - np.asarray(sp.saved_live, dtype=np.int64))
+    other[:sp.turn + 1] = 0
     users = pg.users()
     parts: List[Part] = []
     groups = partition(pg, sp, part_nodes)
