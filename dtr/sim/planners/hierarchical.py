@@ -50,8 +50,7 @@ __all__ = ["plan_hierarchical", "Split", "Part", "Option", "split_graph", "parti
 # plan's live bytes minus its saved bytes, the most over part i's backward
 # window). So option o_i is allowed when sum_{j<i} m(o_j) + abar_i + other_i
 # <= B', and at T the kept bytes plus what else is live at T must fit.
-# Minimize the sum of the options' costs (bytes in SLOTS units of B',
-# rounded up).
+# Minimize the sum of the options' costs (bytes in slots of B').
 #
 # The DP's model is an estimate; every plan is measured (sequence_profile of
 # its steps, the memory model every planner's schedule is judged by before
@@ -73,8 +72,9 @@ PART_SIZES = (16, 4, 32, 8, 2, 64)
 SMALL_FORWARD = 256
 #: Parts larger than this get greedy options (their ILP would be slow).
 ILP_NODES = 64
-#: Memory slots of the chain DP.
+#: Memory slots of the chain DP (at least; 16 per part up to MAX_SLOTS).
 SLOTS = 1024
+MAX_SLOTS = 16384
 #: Graphs up to this many nodes are also given to the whole-graph ILP.
 SMALL_GRAPH = 80
 #: Parts with at most this many keep variables (nodes and outside inputs) are enumerated.
@@ -459,14 +459,20 @@ def build_parts(pg: PlanGraph, sp: Split, deadline: float, part_nodes: int = 16)
     return parts
 
 
-def chain_dp(parts: Sequence[Part], budget: float, at_turn: int, slots: int = SLOTS) -> Optional[List[int]]:
+def chain_dp(parts: Sequence[Part], budget: float, at_turn: int, slots: Optional[int] = None
+             ) -> Optional[List[int]]:
     """Pick one option per part: least total cost under the chain's memory model.
+
+    Kept bytes are counted in slots of B' / slots, rounded to the nearest
+    slot (rounding every part up would add up to a slot per part: with
+    hundreds of parts, nothing would fit); a part's own need is rounded up.
 
     Args:
         parts: the chain, forward order.
         budget: B', the DP's budget in bytes.
         at_turn: bytes live at T besides the saved values.
-        slots: memory discretization.
+        slots: memory discretization (default: SLOTS, or 16 per part up to
+            MAX_SLOTS).
 
     Returns:
         The option index per part, or None when nothing fits.
@@ -474,6 +480,8 @@ def chain_dp(parts: Sequence[Part], budget: float, at_turn: int, slots: int = SL
     import numpy as np
     if budget <= 0:
         return None
+    if slots is None:
+        slots = max(SLOTS, min(MAX_SLOTS, 16 * len(parts)))
     unit = budget / slots
     inf = math.inf
     dp = np.full(slots + 1, inf)
@@ -488,7 +496,7 @@ def chain_dp(parts: Sequence[Part], budget: float, at_turn: int, slots: int = SL
         new = np.full(slots + 1, inf)
         arg = np.full(slots + 1, -1, dtype=np.int32)
         for j, o in enumerate(part.options):
-            m = math.ceil(o.mem / unit - 1e-9)
+            m = int(round(o.mem / unit))
             if m > slots:
                 continue
             cand = np.full(slots + 1, inf)
@@ -506,7 +514,7 @@ def chain_dp(parts: Sequence[Part], budget: float, at_turn: int, slots: int = SL
     for i in range(len(parts) - 1, -1, -1):
         j = int(choice[i][s])
         picks[i] = j
-        s -= math.ceil(parts[i].options[j].mem / unit - 1e-9)
+        s -= int(round(parts[i].options[j].mem / unit))
     return picks
 
 
