@@ -82,7 +82,7 @@ ENUM_VARS = 10
 #: At most this many parts per partition get the ILP (the others: greedy options).
 ILP_PARTS = 60
 #: Budget fractions (of a part's keepable bytes) the part ILP is solved for.
-CAPS = (0.0, 0.15, 0.3, 0.5, 0.75)
+CAPS = (0.0, 0.1, 0.2, 0.3, 0.45, 0.6, 0.8)
 
 
 @dataclass(frozen=True)
@@ -218,17 +218,6 @@ def partition(pg: PlanGraph, sp: Split, part_nodes: int = 16) -> List[Tuple[int,
         parts.append(tuple(cur))
     return parts
 
-
-# Note [Refining the keep set]
-# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-# The chain DP's memory model is coarse (a part's whole saved bytes
-# resident during its backward, outside inputs counted twice, one scalar
-# calibration for all parts), so its plan usually leaves room under the
-# budget. The refinement walks the values the plan recomputes, most
-# expensive per byte first, and keeps each one if the plan then still fits
-# (measured, not modelled) and costs less; two passes at most, within the
-# time limit. Only the cheapest two chain plans (over the part sizes tried)
-# are refined.
 
 # Note [The part options]
 # ~~~~~~~~~~~~~~~~~~~~~~~
@@ -683,8 +672,9 @@ def _hierarchy(pg: PlanGraph, sp: Split, budget: int, deadline: float, hard: flo
 # until its last use) while the plan still fits (measured, not modelled) and
 # costs less: first the longest prefix of that order that fits (a
 # bisection: few measurements on big graphs), then one by one; two passes
-# at most, within the time limit. Only
-# the cheapest two chain plans (over the part sizes tried) are refined.
+# at most, within the time limit. The cheapest REFINED chain plans (over
+# the part sizes tried) are refined, each with an equal share of the time
+# left.
 
 def refine(pg: PlanGraph, sp: Split, plan: _Plan, budget: int, deadline: float) -> Tuple[_Plan, int]:
     """Keep more values while the plan still fits, one by one, measured (Note [Refining the keep set]).
@@ -756,6 +746,8 @@ def refine(pg: PlanGraph, sp: Split, plan: _Plan, budget: int, deadline: float) 
 # fits, when no candidate lowers the peak, or at the time limit; a plan that
 # fits is then refined (Note [Refining the keep set]).
 
+#: The cheapest chain plans refined (Note [Refining the keep set]).
+REFINED = 4
 #: Candidates tried per repair step.
 REPAIR_TRIES = 24
 
@@ -897,9 +889,10 @@ def plan_hierarchical(pg: PlanGraph, budget: int, options: PlanOptions) -> PlanR
             break
     # Refine the best chain plans, cheapest first (Note [Refining the keep set]).
     fits.sort(key=lambda c: (c[0].cost, c[0].peak))
-    for k, (plan, part_nodes) in enumerate(fits[:2]):
+    fits = fits[:REFINED]
+    for k, (plan, part_nodes) in enumerate(fits):
         now = time.perf_counter()
-        plan, added = refine(pg, sp, plan, budget, now + (deadline - now) / (2 - k))
+        plan, added = refine(pg, sp, plan, budget, now + (deadline - now) / (len(fits) - k))
         cands.append((plan.cost, plan.peak, plan.seq, f"chain of parts of <= {part_nodes} nodes, refined "
                                                       f"(+{added} kept)"))
     if not cands:
