@@ -68,6 +68,9 @@ __all__ = ["plan_hierarchical", "Split", "Part", "Option", "split_graph", "parti
 
 #: The most forward nodes of a part, one partition per entry, in the order tried.
 PART_SIZES = (16, 4, 32, 8, 2, 64)
+#: Partitions also tried with greedy part options (the DP's model is inexact: its
+#: exact fronts are not always the best measured plans).
+GREEDY_SIZES = (16, 4, 32)
 #: Forwards of at most this many nodes also try parts of one node.
 SMALL_FORWARD = 256
 #: Parts larger than this get greedy options (their ILP would be slow).
@@ -384,8 +387,8 @@ def _greedy_options(pg: PlanGraph, sp: Split, nodes: Sequence[int], steps: int =
     return out
 
 
-def part_options(pg: PlanGraph, sp: Split, nodes: Sequence[int], deadline: float, use_ilp: bool = True
-                 ) -> List[Option]:
+def part_options(pg: PlanGraph, sp: Split, nodes: Sequence[int], deadline: float, use_ilp: bool = True,
+                 exact: bool = True) -> List[Option]:
     """A part's Pareto front of options, by increasing memory (Note [The part options]).
 
     Args:
@@ -394,6 +397,7 @@ def part_options(pg: PlanGraph, sp: Split, nodes: Sequence[int], deadline: float
         nodes: the part's nodes.
         deadline: for the part's ILP (greedy options past it).
         use_ilp: False: greedy options for a part too large to enumerate.
+        exact: False: greedy options only.
 
     Returns:
         The options, increasing memory and decreasing cost; the last one
@@ -401,8 +405,10 @@ def part_options(pg: PlanGraph, sp: Split, nodes: Sequence[int], deadline: float
     """
     keep_all = tuple(v for v in nodes if sp.saved[v])
     opts = [Option(mem=int(sum(pg.mem[v] for v in keep_all)), cost=0.0, keep=keep_all)]
-    if len(nodes) + len(_part_inputs(pg, nodes)) <= ENUM_VARS:
-        more: Optional[List[Option]] = _enum_options(pg, sp, nodes)
+    if not exact:
+        more: Optional[List[Option]] = None
+    elif len(nodes) + len(_part_inputs(pg, nodes)) <= ENUM_VARS:
+        more = _enum_options(pg, sp, nodes)
     else:
         more = _ilp_options(pg, sp, nodes, deadline) if use_ilp and time.perf_counter() < deadline else None
     opts += more if more is not None else _greedy_options(pg, sp, nodes)
@@ -420,7 +426,8 @@ def _window_max(other, lo: int, hi: int) -> int:
     return int(other[lo:hi + 1].max()) if lo <= hi else 0
 
 
-def build_parts(pg: PlanGraph, sp: Split, deadline: float, part_nodes: int = 16) -> List[Part]:
+def build_parts(pg: PlanGraph, sp: Split, deadline: float, part_nodes: int = 16, exact: bool = True
+                ) -> List[Part]:
     """Partition the forward and compute every part's options and memory figures.
 
     Args:
@@ -428,6 +435,7 @@ def build_parts(pg: PlanGraph, sp: Split, deadline: float, part_nodes: int = 16)
         sp: its split.
         deadline: past it, parts get greedy options instead of the ILP's.
         part_nodes: the most nodes of a part.
+        exact: False: greedy options only.
 
     Returns:
         The chain of :class:`Part`, in the forward's order.
@@ -443,7 +451,8 @@ def build_parts(pg: PlanGraph, sp: Split, deadline: float, part_nodes: int = 16)
         uses = [u for v in nodes if sp.saved[v] for u in users[v] if u > sp.turn]
         lo, hi = (min(uses), max(uses)) if uses else (n, n - 1)
         abar = sum(pg.mem[v] for v in nodes if sp.saved[v])
-        opts = part_options(pg, sp, nodes, deadline, use_ilp=len(nodes) <= ILP_NODES and k < ILP_PARTS)
+        opts = part_options(pg, sp, nodes, deadline, use_ilp=len(nodes) <= ILP_NODES and k < ILP_PARTS,
+                            exact=exact)
         parts.append(Part(nodes=tuple(nodes), abar=abar, other=_window_max(other, lo, hi), options=tuple(opts)))
     return parts
 
@@ -588,8 +597,8 @@ def _plan_of(pg: PlanGraph, sp: Split, keep: List[bool], keep2: List[bool]) -> _
     return _Plan(cost, peak, seq, keep, keep2)
 
 
-def _hierarchy(pg: PlanGraph, sp: Split, budget: int, deadline: float, hard: float, part_nodes: int
-               ) -> Tuple[Optional[_Plan], Optional[_Plan], str]:
+def _hierarchy(pg: PlanGraph, sp: Split, budget: int, deadline: float, hard: float, part_nodes: int,
+               exact: bool = True) -> Tuple[Optional[_Plan], Optional[_Plan], str]:
     """The chain DP's cheapest plan within the budget, calibrating B' (Note [Hierarchical planning]).
 
     Args:
@@ -600,12 +609,13 @@ def _hierarchy(pg: PlanGraph, sp: Split, budget: int, deadline: float, hard: flo
             first plan is measured even past it.
         hard: the time limit.
         part_nodes: the most nodes of a part.
+        exact: False: greedy part options only.
 
     Returns:
         (the cheapest plan that fits or None, the plan with the lowest peak, a message).
     """
     now = time.perf_counter()
-    parts = build_parts(pg, sp, now + 0.6 * max(0.0, deadline - now), part_nodes)
+    parts = build_parts(pg, sp, now + 0.6 * max(0.0, deadline - now), part_nodes, exact)
     at_turn = max(0, sp.live[sp.turn] - sum(pg.mem[v] for v in range(sp.turn + 1) if sp.saved[v]))
     best: Optional[_Plan] = None
     lowest: Optional[_Plan] = None
@@ -747,7 +757,7 @@ def refine(pg: PlanGraph, sp: Split, plan: _Plan, budget: int, deadline: float) 
 # fits is then refined (Note [Refining the keep set]).
 
 #: The cheapest chain plans refined (Note [Refining the keep set]).
-REFINED = 4
+REFINED = 8
 #: Candidates tried per repair step.
 REPAIR_TRIES = 24
 
@@ -864,13 +874,14 @@ def plan_hierarchical(pg: PlanGraph, budget: int, options: PlanOptions) -> PlanR
     lows: List[Tuple[_Plan, int]] = []
     if sp.turn >= 0:
         t_dp = time.perf_counter() + 0.4 * max(0.0, deadline - time.perf_counter())
-        for k, part_nodes in enumerate(sizes):
+        configs = [(size, True) for size in sizes] + [(size, False) for size in GREEDY_SIZES]
+        for k, (part_nodes, exact) in enumerate(configs):
             now = time.perf_counter()
             if now > t_dp:
                 break
-            best, lowest, msg = _hierarchy(pg, sp, budget, now + (t_dp - now) / (len(sizes) - k), deadline,
-                                           part_nodes)
-            msgs.append(f"parts of <= {part_nodes}: {msg}")
+            best, lowest, msg = _hierarchy(pg, sp, budget, now + (t_dp - now) / (len(configs) - k), deadline,
+                                           part_nodes, exact)
+            msgs.append(f"parts of <= {part_nodes}{'' if exact else ' (greedy options)'}: {msg}")
             if best is not None:
                 fits.append((best, part_nodes))
             if lowest is not None:
