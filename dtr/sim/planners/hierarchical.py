@@ -750,7 +750,8 @@ def refine(pg: PlanGraph, sp: Split, plan: _Plan, budget: int, deadline: float) 
 # reader recomputes it again, a second level of recomputation, as DTR
 # does), or lets a backward value go after its next reader (recomputed,
 # recursively, when another needs it). The lowest plans of the partitions
-# are repaired in turn, lowest first, until one fits. The REPAIR_TRIES candidates cheapest
+# are repaired in turn, lowest first, until one fits, each with half of the
+# repair's time left (the last with all of it). The REPAIR_TRIES candidates cheapest
 # per byte are measured at each step; the one that adds the least cost per
 # byte of peak it removes is taken. It stops when the plan
 # fits, when no candidate lowers the peak, or at the time limit; a plan that
@@ -893,7 +894,8 @@ def plan_hierarchical(pg: PlanGraph, budget: int, options: PlanOptions) -> PlanR
         now = time.perf_counter()
         if now > t_rep:
             break
-        plan, changes = repair(pg, sp, low, budget, now + (t_rep - now) / (len(lows) - k))
+        share = (t_rep - now) / 2 if k < len(lows) - 1 else t_rep - now
+        plan, changes = repair(pg, sp, low, budget, now + share)
         msgs.append(f"repair of the lowest plan of parts of <= {part_nodes}: {changes} changes, peak {plan.peak}")
         if plan.peak <= budget:
             fits.append((plan, part_nodes))
