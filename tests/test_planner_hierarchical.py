@@ -151,17 +151,17 @@ def test_part_options_form_a_front_and_keep_all_is_free():
 
 
 def test_time_limit_holds_and_result_is_deterministic():
-    g, pg = _graph(hetero_chain(80, random.Random(11)))
+    g, pg = _graph(hetero_chain(50, random.Random(11)))
     b = int(_no_remat_peak(pg) * 0.4)
     opts = PlanOptions(time_limit=1.0)
     t0 = time.perf_counter()
     r1 = run_planner("hierarchical", pg, b, opts)
     assert time.perf_counter() - t0 < 2.5
     _check(g, pg, r1, b)
-    r2 = run_planner("hierarchical", pg, b, PlanOptions(time_limit=30.0))
+    r2 = run_planner("hierarchical", pg, b, PlanOptions(time_limit=300.0))  # generous: no phase cut short
     _check(g, pg, r2, b)
     assert r2.sequence is not None
-    r3 = run_planner("hierarchical", pg, b, PlanOptions(time_limit=30.0))
+    r3 = run_planner("hierarchical", pg, b, PlanOptions(time_limit=300.0))
     assert r3.sequence == r2.sequence
 
 
