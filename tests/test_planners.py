@@ -102,7 +102,7 @@ def _run(name, g, pg, budget, options=FAST):
 
 
 def test_registry_lists_planners():
-    assert planner_names() == ["chen", "rotor", "checkmate", "checkmate-lp", "fastsa"]
+    assert planner_names() == ["chen", "rotor", "checkmate", "checkmate-lp", "fastsa", "hierarchical"]
     with pytest.raises(ValueError, match="valid: chen, rotor"):
         get_planner("revolve")
 

@@ -61,11 +61,11 @@ def _compare_args(p: argparse.ArgumentParser) -> None:
     add_budget_option(g, help="one budget (as in replay)")
     g.add_argument("--budgets", metavar="START:STOP:STEP", help="ratios of the log's peak, STOP inclusive")
     p.add_argument("--planners", default="all", metavar="all|P1,P2",
-                   help="chen, rotor, checkmate, checkmate-lp, fastsa (default: all)")
+                   help="chen, rotor, checkmate, checkmate-lp, fastsa, hierarchical (default: all)")
     p.add_argument("--heuristics", default="dtr,eqclass,local,lru", metavar="H1,H2",
                    help="DTR heuristics to include (default: dtr,eqclass,local,lru; 'none' for none)")
     p.add_argument("--time-limit", type=positive_seconds, default=60.0, metavar="S",
-                   help="seconds for the ILP (and FastSA) per budget (default: 60)")
+                   help="seconds for the ILP (and FastSA, hierarchical) per budget (default: 60)")
     p.add_argument("--seed", type=seed_type, default=0, help="seed of the randomized planners (default: 0)")
     p.add_argument("--thrash-limit", type=thrash_limit_type, default=3.0, metavar="X",
                    help="the simulator's thrash limit (default: 3)")

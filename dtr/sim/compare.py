@@ -21,7 +21,8 @@ class CompareRow:
     """One planner (or DTR heuristic) at one budget.
 
     Attributes:
-        planner: chen, rotor, checkmate, checkmate-lp, fastsa, or a heuristic's name.
+        planner: chen, rotor, checkmate, checkmate-lp, fastsa, hierarchical, or a
+            heuristic's name.
         kind: ``static`` or ``dtr``.
         budget_bytes: the budget.
         budget_ratio: budget / the log's peak without eviction.

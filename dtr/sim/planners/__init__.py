@@ -9,7 +9,8 @@ Planners never import numpy or scipy at module import time.
 Registered: ``chen`` (sqrt(n) segments / greedy), ``rotor`` (dynamic
 programming on forward-backward chains), ``checkmate`` (the ILP on HiGHS),
 ``checkmate-lp`` (its LP relaxation with randomized rounding), ``fastsa``
-(simulated annealing).
+(simulated annealing), ``hierarchical`` (Rockmate-style: a chain of parts,
+exact options per part, a DP over the chain).
 """
 from __future__ import annotations
 
@@ -28,8 +29,9 @@ __all__ = ["PlanOptions", "PlanResult", "register_planner", "get_planner", "plan
 #: (proven: nothing in the planner's space fits the budget, e.g. the constants
 #: alone exceed it), ``timeout`` (the time limit passed: no schedule, or for
 #: the ILP the heuristic incumbent it could not improve on, with a gap),
-#: ``oom`` (a heuristic search, ``chen``, ``fastsa`` or ``checkmate-lp``'s
-#: rounding, found no plan within the budget; one may still exist), ``n/a``
+#: ``oom`` (a heuristic search, ``chen``, ``fastsa``, ``checkmate-lp``'s
+#: rounding or ``hierarchical``, found no plan within the budget; one may
+#: still exist), ``n/a``
 #: (the planner does not apply to this graph).
 STATUSES = ("optimal", "ok", "infeasible", "timeout", "oom", "n/a")
 
@@ -39,7 +41,7 @@ class PlanOptions:
     """Knobs shared by the planners.
 
     Attributes:
-        time_limit: seconds for the ILP solver and for FastSA.
+        time_limit: seconds for the ILP solver, FastSA and ``hierarchical``.
         seed: seed of the randomized planners (LP rounding, FastSA).
         gap_tol: the ILP's relative gap tolerance (``optimal`` needs <= 1e-6).
         rounds: randomized rounding attempts of ``checkmate-lp``.
@@ -128,4 +130,4 @@ def run_planner(name: str, pg: PlanGraph, budget: int, options: Optional[PlanOpt
 
 # The planners register themselves on import (they import numpy/scipy lazily), in the order of
 # planner_names(): cheapest first, so this import is not sorted.
-from dtr.sim.planners import chen, rotor, checkmate, fastsa  # noqa: E402,F401,I001
+from dtr.sim.planners import chen, rotor, checkmate, fastsa, hierarchical  # noqa: E402,F401,I001
