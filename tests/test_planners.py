@@ -316,3 +316,30 @@ def test_chen_grid_search_stops_at_the_time_limit():
     assert r.status == "timeout" and r.sequence is None and "time limit" in r.message
     r = run_planner("chen", pg, budget, PlanOptions(time_limit=60.0))
     assert r.status == "ok" and r.sequence is not None
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_memory_lower_bound_holds_and_refuses_budgets_below_it(data_dir, seed):
+    """The bound never exceeds a real schedule's peak, nor the least budget a brute-force search fits in;
+    below it every planner answers ``infeasible`` with the bytes needed, without searching."""
+    from dtr.sim.planners.bounds import memory_lower_bound
+    log = [read_log(data_dir / "small.jsonl"), read_log(data_dir / "views.jsonl"), parse_text(chain_log(6)),
+           parse_text(random_dag(seed, n=7))][seed % 4] if seed < 4 else parse_text(random_dag(seed, n=7))
+    g = graph_from_log(log)
+    pg = plan_graph(g)
+    lb = memory_lower_bound(pg)
+    hi = _no_remat_peak(pg)
+    assert 0 < lb.bytes <= hi
+    assert evaluate(g, plan_schedule(pg, list(range(pg.n))).steps).peak_bytes >= lb.bytes
+    if pg.n <= 9:
+        assert brute_force(pg, lb.bytes - 1) is None
+    for frac in (1.0, 0.8, 0.6):
+        b = int(hi * frac)
+        for name in planner_names():
+            r, ev = _run(name, g, pg, b)
+            if ev is not None:
+                assert ev.peak_bytes >= lb.bytes, name
+    for name in planner_names():
+        r = run_planner(name, pg, lb.bytes - 1, FAST)
+        assert r.status == "infeasible" and r.sequence is None
+        assert f"at least {lb.bytes} bytes" in r.message

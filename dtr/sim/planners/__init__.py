@@ -119,11 +119,22 @@ def run_planner(name: str, pg: PlanGraph, budget: int, options: Optional[PlanOpt
         budget: bytes (constants included).
         options: the knobs (defaults: :class:`PlanOptions`).
 
+    Returns:
+        The planner's result; ``infeasible`` without running it when the
+        budget is below the memory every schedule needs
+        (:func:`dtr.sim.planners.bounds.memory_lower_bound`).
+
     Raises:
         ValueError: unknown planner.
     """
     fn = get_planner(name)
     t0 = time.perf_counter()
+    from dtr.sim.planners.bounds import memory_lower_bound
+    bound = memory_lower_bound(pg)
+    if budget < bound.bytes:  # no schedule at all fits: no planner needs to search (Note [A memory lower bound])
+        return PlanResult(name, "infeasible", None, time.perf_counter() - t0,
+                          message=f"every schedule needs at least {bound.bytes} bytes, over the budget of "
+                                  f"{int(budget)}: {bound.reason}")
     res = fn(pg, int(budget), options or PlanOptions())
     return replace(res, planner=name, solve_seconds=time.perf_counter() - t0)
 
