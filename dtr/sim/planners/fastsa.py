@@ -79,6 +79,10 @@ N1, N2 = 20_000_000, 2_000_000
 TEMP0, TEMP_DROP = 1e-3, 1e-4
 #: Share of the time limit the first stage may take.
 STAGE1_SHARE = 0.6
+#: Share of the time left for the cold start when there is a warm start.
+COLD_SHARE = 0.6
+#: Rotor's time per chain length squared and memory slot, measured (a 400-node chain, 256 slots: 1.2 s).
+ROTOR_SECONDS = 3e-8
 #: Leave this many seconds of the time limit for the final check.
 MARGIN = 0.05
 
@@ -298,24 +302,25 @@ def plan_fastsa(pg: PlanGraph, budget: int, options: PlanOptions) -> PlanResult:
     deadline = t0 + max(0.0, options.time_limit - MARGIN)
     n1 = options.sa_steps or N1
     n2 = max(options.sa_steps // 10, 1000) if options.sa_steps else N2
+    warm_seq, warm_name = _warm_start(pg, budget, options, deadline) if options.warm_start else (None, "")
+    # with a warm start the cold start gets COLD_SHARE of the time left, the warm start's refinement the rest
+    cold_deadline = deadline if warm_seq is None else time.perf_counter() + COLD_SHARE * (deadline - time.perf_counter())
     gr = group_nodes(pg)
     units = gr.units
     stage1 = anneal(group_problem(pg, gr), _spread(range(len(units)), len(units)), budget, n1,
                     (TEMP0, TEMP0 * TEMP_DROP), 0.0, options.seed,
-                    max(1e-3, STAGE1_SHARE * (deadline - time.perf_counter())), True)
+                    max(1e-3, STAGE1_SHARE * (cold_deadline - time.perf_counter())), True)
     seq1 = [m for u in stage1.slots if u >= 0 for m in gr.members[u]]
     # the second stage's temperatures: from the first stage's scheduled end down by TEMP_DROP
     h = TEMP0 * TEMP_DROP * stage1.objective0
     nodes = node_problem(pg)
     cands: List[Tuple[str, Stage]] = []
-    cold = _refine(nodes, seq1, budget, n2, h, options.seed + 1, deadline)
+    cold = _refine(nodes, seq1, budget, n2, h, options.seed + 1, cold_deadline, n1)
     cands.append((f"cold start ({len(units)} units after grouping, {stage1.iterations} + {cold.iterations} "
                   f"iterations)", cold))
-    if options.warm_start:
-        warm_seq, warm_name = _warm_start(pg, budget, options)
-        if warm_seq is not None:
-            warm = _refine(nodes, warm_seq, budget, n2, h, options.seed + 2, deadline)
-            cands.append((f"{warm_name} ({warm.iterations} iterations)", warm))
+    if warm_seq is not None:
+        warm = _refine(nodes, warm_seq, budget, n2, h, options.seed + 2, deadline, n1)
+        cands.append((f"{warm_name} ({warm.iterations} iterations)", warm))
     best: Optional[Tuple[float, List[int], str]] = None
     lowest = min(s.peak for _, s in cands)
     for name, st in cands:
@@ -331,35 +336,60 @@ def plan_fastsa(pg: PlanGraph, budget: int, options: PlanOptions) -> PlanResult:
 
 
 def _refine(problem: Problem, seq: Sequence[int], budget: int, iterations: int, h: float, seed: int,
-            deadline: float) -> Stage:
-    """The second stage (Note [FastSA]) on single nodes from ``seq``, then rounds from its best until the deadline."""
+            deadline: float, hot_iterations: int) -> Stage:
+    """The second stage (Note [FastSA]) on single nodes from ``seq``, then more rounds until the deadline.
+
+    A round from a state above the budget first anneals hot (the first stage's temperatures, on single
+    nodes, until the budget is met); every round then anneals at the second stage's temperatures.
+    """
     n = len(problem.cost)
-    st = anneal(problem, _spread(seq, n), budget, iterations, (1.0, TEMP_DROP), h, seed,
-                max(1e-3, deadline - time.perf_counter()), False)
-    its = st.iterations
-    rounds = 0
-    while time.perf_counter() < deadline - 0.05 and st.iterations >= iterations and rounds < REFINE:
-        rounds += 1
-        nxt = anneal(problem, _spread([v for v in st.slots if v >= 0], n), budget, iterations,
-                     (1.0, TEMP_DROP), h, seed + 1000 * rounds, max(1e-3, deadline - time.perf_counter()), False)
-        its += nxt.iterations
-        if (nxt.feasible, -nxt.cost) > (st.feasible, -st.cost) or (not st.feasible and nxt.peak < st.peak):
-            st = nxt
-        elif nxt.cost >= st.cost and nxt.feasible == st.feasible:
+    best: Optional[Stage] = None
+    its = 0
+    state = list(seq)
+    for rnd in range(REFINE + 1):
+        left = deadline - time.perf_counter()
+        if rnd and left < 0.05:
             break
-    return Stage(slots=st.slots, iterations=its, accepted=st.accepted, peak=st.peak, cost=st.cost,
-                 feasible=st.feasible, objective0=st.objective0, temp_end=st.temp_end)
+        slots = _spread(state, n)
+        if best is not None and not best.feasible:
+            hot = anneal(problem, slots, budget, hot_iterations, (TEMP0, TEMP0 * TEMP_DROP), 0.0,
+                         seed + 7919 * rnd + 1, max(1e-3, 0.5 * left), True)
+            its += hot.iterations
+            slots = _spread([v for v in hot.slots if v >= 0], n)
+        st = anneal(problem, slots, budget, iterations, (1.0, TEMP_DROP), h, seed + 7919 * rnd,
+                    max(1e-3, deadline - time.perf_counter()), False)
+        its += st.iterations
+        improved = best is None or (st.feasible, -st.cost, -st.peak) > (best.feasible, -best.cost, -best.peak)
+        if improved:
+            best = st
+        elif best is not None and best.feasible and st.cost >= best.cost:
+            break  # a feasible round that found nothing cheaper: converged
+        assert best is not None
+        state = [v for v in best.slots if v >= 0]
+    assert best is not None
+    return Stage(slots=best.slots, iterations=its, accepted=best.accepted, peak=best.peak, cost=best.cost,
+                 feasible=best.feasible, objective0=best.objective0, temp_end=best.temp_end)
 
 
 #: At most this many extra second-stage rounds (Note [FastSA]).
 REFINE = 8
 
 
-def _warm_start(pg: PlanGraph, budget: int, options: PlanOptions) -> Tuple[Optional[List[int]], str]:
-    """The cheapest sequence within the budget from Rotor or Chen (None if neither fits)."""
+def _warm_start(pg: PlanGraph, budget: int, options: PlanOptions, deadline: float) -> Tuple[Optional[List[int]], str]:
+    """The cheapest sequence within the budget from Chen or Rotor (None if neither fits).
+
+    Rotor runs only where its estimated time (ROTOR_SECONDS per chain length squared and memory slot)
+    is under a quarter of the time left, so that the warm start keeps the time limit.
+    """
+    from dtr.sim.graph import chain_shape
     from dtr.sim.planners import get_planner
     best: Optional[Tuple[float, List[int], str]] = None
-    for name in ("rotor", "chen"):
+    for name in ("chen", "rotor"):
+        if name == "rotor":
+            shape = chain_shape(pg)
+            est = ROTOR_SECONDS * (len(shape.fwd) if shape else 0) ** 2 * options.rotor_slots
+            if shape is None or est > 0.25 * (deadline - time.perf_counter()):
+                continue
         try:
             r = get_planner(name)(pg, budget, options)
         except Exception:  # a failing seed planner only loses the warm start
