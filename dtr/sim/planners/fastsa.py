@@ -304,7 +304,8 @@ def plan_fastsa(pg: PlanGraph, budget: int, options: PlanOptions) -> PlanResult:
     n2 = max(options.sa_steps // 10, 1000) if options.sa_steps else N2
     warm_seq, warm_name = _warm_start(pg, budget, options, deadline) if options.warm_start else (None, "")
     # with a warm start the cold start gets COLD_SHARE of the time left, the warm start's refinement the rest
-    cold_deadline = deadline if warm_seq is None else time.perf_counter() + COLD_SHARE * (deadline - time.perf_counter())
+    now = time.perf_counter()
+    cold_deadline = deadline if warm_seq is None else now + COLD_SHARE * (deadline - now)
     gr = group_nodes(pg)
     units = gr.units
     stage1 = anneal(group_problem(pg, gr), _spread(range(len(units)), len(units)), budget, n1,
