@@ -14,7 +14,7 @@ from dtr.sim import parse_text
 from dtr.sim.chain import chain_log
 from dtr.sim.graph import graph_from_log, plan_graph
 from dtr.sim.planners import STATUSES, PlanOptions, run_planner
-from dtr.sim.planners.fastsa import _spread, anneal, group_nodes, group_problem, node_problem
+from dtr.sim.planners.fastsa import _spread, anneal, group_nodes, group_problem, lower_bound, node_problem
 from dtr.sim.schedule import evaluate, plan_schedule, sequence_profile, sequence_steps
 
 COLD = PlanOptions(time_limit=10, sa_steps=1_000_000, seed=1, warm_start=False)
@@ -139,10 +139,13 @@ def test_seeded_and_time_limited():
         _check(g, pg, r, 2 * math.ceil(2 * math.sqrt(400)))
 
 
-def test_budget_below_the_constants_is_oom():
-    g, pg = _graphs(random_dag(1, n=8))
-    r = run_planner("fastsa", pg, max(1, pg.pinned_bytes - 1), PlanOptions(time_limit=2, sa_steps=5000))
-    assert r.status == "oom" and r.sequence is None and "lowest peak" in r.message
+@pytest.mark.parametrize("seed", range(4))
+def test_below_the_lower_bound_is_infeasible(seed):
+    g, pg = _graphs(random_dag(seed, n=8))
+    floor, why = lower_bound(pg)
+    assert brute_force(pg, floor - 1) is None  # a true bound: no schedule at all fits below it
+    r = run_planner("fastsa", pg, floor - 1, PlanOptions(time_limit=2, sa_steps=5000))
+    assert r.status == "infeasible" and r.sequence is None and why in r.message
 
 
 def test_inconsistent_problem_is_refused():

@@ -15,7 +15,7 @@ from dtr.sim.planners import PlanOptions, PlanResult, register_planner
 from dtr.sim.schedule import sequence_profile, sequence_steps
 
 __all__ = ["plan_fastsa", "Grouping", "group_nodes", "Problem", "node_problem", "group_problem", "Stage", "anneal",
-           "FIXED", "PINNED", "KEEP"]
+           "FIXED", "PINNED", "KEEP", "lower_bound"]
 
 # Note [FastSA]
 # ~~~~~~~~~~~~~
@@ -214,8 +214,9 @@ class Problem:
 def node_problem(pg: PlanGraph) -> Problem:
     """The problem over single nodes: values are the exact storages."""
     g = pg.graph
-    vflags = [(PINNED if pg.pinned[pg.storage_node[s]] else 0) | (KEEP if s in pg.storages_referenced_at_end else 0)
-              for s in range(g.num_storages)]
+    # a constant the log keeps lives to the end (KEEP: its one production is its last); one the log drops
+    # is freed after its last read, as sequence_steps frees it (Note [Planned frees])
+    vflags = [KEEP if s in pg.storages_referenced_at_end else 0 for s in range(g.num_storages)]
     return Problem(reads=pg.reads, outs=pg.storages, extra=[0] * pg.n, cost=pg.cost,
                    unit_flags=[FIXED if p else 0 for p in pg.pinned], size=g.storage_size, value_flags=vflags)
 
@@ -283,6 +284,25 @@ def _spread(seq: Sequence[int], n_units: int) -> List[int]:
     return slots
 
 
+def lower_bound(pg: PlanGraph) -> Tuple[int, str]:
+    """A peak no schedule can go below, and what forces it.
+
+    Any schedule computes every node once at least, with the storages it
+    reads resident and its own allocated; and it ends with every storage
+    referenced at the end resident.
+
+    Returns:
+        (bytes, the reason in words).
+    """
+    size = pg.graph.storage_size
+    kept = sum(size[s] for s in pg.storages_referenced_at_end)
+    v = max(range(pg.n), key=lambda u: pg.mem[u] + sum(size[s] for s in pg.reads[u]), default=None)
+    step = 0 if v is None else pg.mem[v] + sum(size[s] for s in pg.reads[v])
+    if step >= kept:
+        return step, f"node {v} ({pg.graph.op_name[pg.ops[v][0]]}) with the storages it reads"
+    return kept, "the storages referenced at the end"
+
+
 @register_planner("fastsa")
 def plan_fastsa(pg: PlanGraph, budget: int, options: PlanOptions) -> PlanResult:
     """FastSA (Note [FastSA]): grouped annealing until the budget is met, then annealing on single nodes.
@@ -295,10 +315,14 @@ def plan_fastsa(pg: PlanGraph, budget: int, options: PlanOptions) -> PlanResult:
             and 2M), ``warm_start``.
 
     Returns:
-        ``ok`` with the cheapest sequence found within the budget, or ``oom``
-        (the message gives the lowest peak reached).
+        ``ok`` with the cheapest sequence found within the budget, ``infeasible``
+        when the budget is below :func:`lower_bound`, else ``oom`` (the message
+        gives the lowest peak reached).
     """
     t0 = time.perf_counter()
+    floor, why = lower_bound(pg)
+    if budget < floor:
+        return PlanResult("fastsa", "infeasible", None, message=f"no schedule fits: {why} ({floor} bytes)")
     deadline = t0 + max(0.0, options.time_limit - MARGIN)
     n1 = options.sa_steps or N1
     n2 = max(options.sa_steps // 10, 1000) if options.sa_steps else N2
