@@ -53,6 +53,55 @@ class AddMaxTree {
   std::vector<int64_t> t_, d_;
 };
 
+// Range add / global log-sum-exp (base 2) over A[0, n): fastsa.txt appendix C.2, a smooth peak that
+// feels every high slot, not only the highest. Same layout as AddMaxTree with logaddexp for max.
+class AddLseTree {
+ public:
+  AddLseTree(int n, double init) {
+    size_ = 1;
+    while (size_ < std::max(1, n)) size_ *= 2;
+    t_.assign(2 * size_, init);
+    d_.assign(size_, 0.0);
+    for (int i = size_ - 1; i >= 1; --i) t_[i] = lse(t_[2 * i], t_[2 * i + 1]);
+  }
+  void add(int lo, int hi, double v) {
+    if (lo > hi || v == 0) return;
+    int l = lo + size_, r = hi + 1 + size_;
+    const int l0 = l, r0 = r - 1;
+    while (l < r) {
+      if (l & 1) {
+        t_[l] += v;
+        if (l < size_) d_[l] += v;
+        ++l;
+      }
+      if (r & 1) {
+        --r;
+        t_[r] += v;
+        if (r < size_) d_[r] += v;
+      }
+      l >>= 1;
+      r >>= 1;
+    }
+    pull(l0 >> 1);
+    pull(r0 >> 1);
+  }
+  double value() const { return t_[1]; }
+
+ private:
+  static double lse(double a, double b) {
+    const double m = std::max(a, b);
+    return m + std::log2(1.0 + std::exp2(-std::fabs(a - b)));
+  }
+  void pull(int i) {
+    for (; i >= 1; i >>= 1) t_[i] = lse(t_[2 * i], t_[2 * i + 1]) + d_[i];
+  }
+  int size_;
+  std::vector<double> t_, d_;
+};
+
+// A nop slot's offset in the log-sum-exp tree (C.2: only slots that run a unit can hold the peak).
+constexpr double kNopOffset = 1e6;
+
 // Insert into / erase from a sorted vector.
 void sorted_insert(std::vector<int>& v, int x) { v.insert(std::lower_bound(v.begin(), v.end(), x), x); }
 void sorted_erase(std::vector<int>& v, int x) {
@@ -62,8 +111,9 @@ void sorted_erase(std::vector<int>& v, int x) {
 
 class State {
  public:
-  State(const FastsaProblem& p, std::vector<int> slots)
-      : p_(p), slots_(std::move(slots)), T_(static_cast<int>(slots_.size())), tree_(T_) {
+  State(const FastsaProblem& p, std::vector<int> slots, double soft_scale)
+      : p_(p), slots_(std::move(slots)), T_(static_cast<int>(slots_.size())), tree_(T_),
+        soft_(soft_scale > 0 ? T_ : 1, -kNopOffset), scale_(soft_scale) {
     const int n = static_cast<int>(p.cost.size());
     const int nv = static_cast<int>(p.size.size());
     prod_.resize(n);
@@ -85,16 +135,19 @@ class State {
           throw std::invalid_argument("fastsa: the start reads a value before producing it");
         uses_[v].push_back(t);
       }
-      tree_.add(t, t, p.extra[u]);
+      range_add(t, t, p.extra[u]);
+      if (scale_ > 0) soft_.add(t, t, kNopOffset);
       cost_ += p.cost[u];
     }
     for (int v = 0; v < nv; ++v) {
       if (producer_[v] < 0) continue;
-      for (size_t i = 0; i < prod_[producer_[v]].size(); ++i) tree_.add(prod_[producer_[v]][i], end_of(v, i), p.size[v]);
+      for (size_t i = 0; i < prod_[producer_[v]].size(); ++i) range_add(prod_[producer_[v]][i], end_of(v, i), p.size[v]);
     }
   }
 
   int64_t peak() const { return tree_.max(); }
+  // The smooth peak of appendix C.2 in bytes (the peak itself without a soft scale).
+  double soft_peak() const { return scale_ > 0 ? soft_.value() / scale_ : static_cast<double>(tree_.max()); }
   double cost() const { return cost_; }
   int T() const { return T_; }
   int slot(int t) const { return slots_[t]; }
@@ -135,7 +188,8 @@ class State {
 
   void add(int u, int t) {
     slots_[t] = u;
-    tree_.add(t, t, p_.extra[u]);
+    range_add(t, t, p_.extra[u]);
+    if (scale_ > 0) soft_.add(t, t, kNopOffset);
     cost_ += p_.cost[u];
     change_prod(u, t, true);
     for (int k = p_.in_ptr[u]; k < p_.in_ptr[u + 1]; ++k) change_use(p_.in_idx[k], t, true);
@@ -144,13 +198,19 @@ class State {
   void remove(int t) {
     const int u = slots_[t];
     slots_[t] = -1;
-    tree_.add(t, t, -p_.extra[u]);
+    range_add(t, t, -p_.extra[u]);
+    if (scale_ > 0) soft_.add(t, t, -kNopOffset);
     cost_ -= p_.cost[u];
     change_prod(u, t, false);
     for (int k = p_.in_ptr[u]; k < p_.in_ptr[u + 1]; ++k) change_use(p_.in_idx[k], t, false);
   }
 
  private:
+  void range_add(int lo, int hi, int64_t v) {
+    tree_.add(lo, hi, v);
+    if (scale_ > 0) soft_.add(lo, hi, static_cast<double>(v) * scale_);
+  }
+
   // The last slot of production i of value v (its life interval is [production, end_of(v, i)]).
   int end_of(int v, size_t i) const {
     const std::vector<int>& pv = prod_[producer_[v]];
@@ -180,9 +240,9 @@ class State {
     const int64_t m = p_.size[v] * s;
     const int a = governing(v, t - 1);
     const std::vector<int>& pv = prod_[producer_[v]];
-    if (a >= 0) tree_.add(pv[a], end_of(v, a), m);
+    if (a >= 0) range_add(pv[a], end_of(v, a), m);
     const int b = governing(v, t);
-    if (b >= 0 && b != a) tree_.add(pv[b], end_of(v, b), m);
+    if (b >= 0 && b != a) range_add(pv[b], end_of(v, b), m);
   }
 
   void change_prod(int u, int t, bool add) {
@@ -202,6 +262,8 @@ class State {
   std::vector<int> slots_;
   int T_;
   AddMaxTree tree_;
+  AddLseTree soft_;
+  double scale_;
   std::vector<std::vector<int>> prod_;  // per unit, its slots
   std::vector<std::vector<int>> uses_;  // per value, the slots that read it
   std::vector<int> producer_;           // per value, its unit
@@ -232,17 +294,24 @@ FastsaResult fastsa_anneal(const FastsaProblem& p, std::vector<int> slots, const
       static_cast<int>(p.extra.size()) != n || static_cast<int>(p.unit_flags.size()) != n ||
       static_cast<int>(p.value_flags.size()) != nv)
     throw std::invalid_argument("fastsa: inconsistent problem arrays");
-  State st(p, std::move(slots));
+  double soft_scale = 0;
+  if (par.soft_peak) {  // C.2: sizes rescaled so that the largest value is 10 (base 2)
+    int64_t biggest = 1;
+    for (int64_t x : p.size) biggest = std::max(biggest, x);
+    for (int64_t x : p.extra) biggest = std::max(biggest, x);
+    soft_scale = 10.0 / static_cast<double>(biggest);
+  }
+  State st(p, std::move(slots), soft_scale);
   const int T = st.T();
   std::vector<int> movable;
   for (int u = 0; u < n; ++u)
     if (!st.fixed(u)) movable.push_back(u);
 
   const double B = static_cast<double>(std::max<int64_t>(par.budget, 1));
-  auto objective = [&](int64_t peak, double cost) { return std::max(B, static_cast<double>(peak)) * cost; };
+  auto objective = [&](double peak, double cost) { return std::max(B, peak) * cost; };
   FastsaResult res;
   res.peak0 = st.peak();
-  res.objective0 = objective(st.peak(), st.cost());
+  res.objective0 = objective(st.soft_peak(), st.cost());
   const double scale = par.temp_scale > 0 ? par.temp_scale : std::max(res.objective0, 1e-300);
   const double h0 = par.temp0 * scale, h1 = par.temp1 * scale;
   // The best state: within the budget and cheapest, else the lowest objective. `dirty`: the current
@@ -287,10 +356,15 @@ FastsaResult fastsa_anneal(const FastsaProblem& p, std::vector<int> slots, const
   if (!(par.stop_when_feasible && best_feas) && !movable.empty()) {
     for (; it < par.iterations; ++it) {
       if ((it & 1023) == 0) {
-        if (par.time_limit > 0 &&
-            std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count() > par.time_limit)
-          break;
-        h = h0 * std::exp(std::log(h1 / h0) * static_cast<double>(it) / static_cast<double>(N));
+        // progress: the larger of the iterations' and the time limit's, so that a run the time limit
+        // cuts short still cools down to its end temperature
+        double frac = static_cast<double>(it) / static_cast<double>(N);
+        if (par.time_limit > 0) {
+          const double el = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
+          if (el > par.time_limit) break;
+          frac = std::max(frac, el / par.time_limit);
+        }
+        h = h0 * std::exp(std::log(h1 / h0) * frac);
       }
       log.clear();
       const double r = unif();
@@ -325,7 +399,7 @@ FastsaResult fastsa_anneal(const FastsaProblem& p, std::vector<int> slots, const
         }
       }
       const int64_t pk = st.peak();
-      const double f = objective(pk, st.cost());
+      const double f = objective(st.soft_peak(), st.cost());
       if (f <= cur || unif() < std::exp(-(f - cur) / h)) {
         ++res.accepted;
         const bool feas = pk <= par.budget;

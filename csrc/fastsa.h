@@ -41,6 +41,7 @@ struct FastsaParams {
   uint64_t seed = 0;
   double time_limit = 0;           // seconds (<= 0: none)
   bool stop_when_feasible = false; // stop as soon as the peak is within the budget (the paper's first stage)
+  bool soft_peak = false;          // the objective's peak is appendix C.2's log-sum-exp over the slots
 };
 
 // What an annealing run returns.

@@ -91,8 +91,9 @@ STAGE1_SHARE = 0.6
 COLD_SHARE = 0.6
 #: Rotor's time per chain length squared and memory slot, measured (a 400-node chain, 256 slots: 1.2 s).
 ROTOR_SECONDS = 3e-8
-#: Leave this many seconds of the time limit for the final check.
-MARGIN = 0.05
+#: Leave this many seconds of the time limit for the final check, plus this many per node (measured on
+#: treelstm, 45k nodes: about 2 s after the last annealing run).
+MARGIN, MARGIN_PER_NODE = 0.05, 6e-5
 
 
 @dataclass(frozen=True)
@@ -248,7 +249,8 @@ def _csr(rows: Sequence[Sequence[int]]) -> Tuple[List[int], List[int]]:
 
 
 def anneal(problem: Problem, slots: Sequence[int], budget: int, iterations: int, temps: Tuple[float, float],
-           temp_scale: float, seed: int, time_limit: float, stop_when_feasible: bool) -> Stage:
+           temp_scale: float, seed: int, time_limit: float, stop_when_feasible: bool,
+           soft_peak: bool = False) -> Stage:
     """One annealing run (see Note [FastSA]); the loop is ``dtr._C.fastsa_anneal``.
 
     Args:
@@ -261,6 +263,8 @@ def anneal(problem: Problem, slots: Sequence[int], budget: int, iterations: int,
         seed: the random seed.
         time_limit: seconds (<= 0: none).
         stop_when_feasible: stop once the peak is within the budget.
+        soft_peak: the objective's peak is the log-sum-exp over the slots
+            (appendix C.2; feasibility still counts the true peak).
 
     Returns:
         The :class:`Stage`.
@@ -274,7 +278,7 @@ def anneal(problem: Problem, slots: Sequence[int], budget: int, iterations: int,
     r = _C.fastsa_anneal(in_ptr, in_idx, out_ptr, out_idx, list(problem.extra), list(problem.cost),
                          list(problem.unit_flags), list(problem.size), list(problem.value_flags), list(slots),
                          int(budget), int(iterations), temps[0], temps[1], temp_scale, seed & (2**64 - 1),
-                         time_limit, stop_when_feasible)
+                         time_limit, stop_when_feasible, soft_peak)
     return Stage(slots=tuple(r["slots"]), iterations=r["iterations"], accepted=r["accepted"], peak=r["peak"],
                  cost=r["cost"], feasible=r["feasible"], objective0=r["objective0"], temp_end=r["temp_end"])
 
@@ -331,7 +335,7 @@ def plan_fastsa(pg: PlanGraph, budget: int, options: PlanOptions) -> PlanResult:
     floor, why = lower_bound(pg)
     if budget < floor:
         return PlanResult("fastsa", "infeasible", None, message=f"no schedule fits: {why} ({floor} bytes)")
-    deadline = t0 + max(0.0, options.time_limit - MARGIN)
+    deadline = t0 + max(0.0, options.time_limit - MARGIN - MARGIN_PER_NODE * pg.n)
     n1 = options.sa_steps or N1
     n2 = max(options.sa_steps // 10, 1000) if options.sa_steps else N2
     warm_seq, warm_name = _warm_start(pg, budget, options, deadline) if options.warm_start else (None, "")
