@@ -156,3 +156,15 @@ def test_inconsistent_problem_is_refused():
     with pytest.raises(ValueError, match="before producing"):
         _C.fastsa_anneal([0, 0, 1], [0], [0, 1, 2], [0, 1], [0, 0], [1.0, 1.0], [0, 0], [1, 1], [0, 0], [1, 0], 10,
                          10, 1.0, 1.0, 1.0, 0, 0.0, False)
+
+
+def test_soft_peak_anneals_to_a_valid_plan():
+    g, pg = _graphs(hetero_chain(12, random.Random(3)))
+    budget = max(int(0.5 * _peak0(pg)), lower_bound(pg)[0])
+    st = anneal(node_problem(pg), _spread(range(pg.n), pg.n), budget, 300_000, (1e-3, 1e-7), 0.0, 1, 10.0, False,
+                soft_peak=True)
+    seq = [v for v in st.slots if v >= 0]
+    peak, cost = sequence_profile(pg, sequence_steps(pg, seq))
+    assert (peak, cost) == (st.peak, pytest.approx(st.cost))
+    if st.feasible:
+        assert evaluate(g, plan_schedule(pg, seq).steps, budget).valid

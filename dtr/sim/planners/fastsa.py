@@ -308,9 +308,8 @@ def lower_bound(pg: PlanGraph) -> Tuple[int, str]:
     """
     size = pg.graph.storage_size
     kept = sum(size[s] for s in pg.storages_referenced_at_end)
-    v = max(range(pg.n), key=lambda u: pg.mem[u] + sum(size[s] for s in pg.reads[u]), default=None)
-    step = 0 if v is None else pg.mem[v] + sum(size[s] for s in pg.reads[v])
-    if step >= kept:
+    step, v = max(((pg.mem[u] + sum(size[s] for s in pg.reads[u]), u) for u in range(pg.n)), default=(0, -1))
+    if v >= 0 and step >= kept:
         return step, f"node {v} ({pg.graph.op_name[pg.ops[v][0]]}) with the storages it reads"
     return kept, "the storages referenced at the end"
 
