@@ -270,7 +270,7 @@ class State {
   double cost_ = 0;
 };
 
-// One primitive change of a mutation, for undo and redo.
+// One primitive change of a mutation (for undo, and for the journal of the best state).
 struct Change {
   bool added;
   int unit, slot;
@@ -314,8 +314,10 @@ FastsaResult fastsa_anneal(const FastsaProblem& p, std::vector<int> slots, const
   res.objective0 = objective(st.soft_peak(), st.cost());
   const double scale = par.temp_scale > 0 ? par.temp_scale : std::max(res.objective0, 1e-300);
   const double h0 = par.temp0 * scale, h1 = par.temp1 * scale;
-  // The best state: within the budget and cheapest, else the lowest objective. `dirty`: the current
-  // state is the best and is not saved yet (it is saved right before it is left).
+  // The best state: within the budget and cheapest, else the lowest objective. Copying T slots at each
+  // new best slowed long descents several times over, so the best is `best_vec`, or, when `in_journal`,
+  // `snap` (a past state) plus the first `best_len` changes accepted since; once the journal passes 2T
+  // changes the best is materialized and `snap` restarts from the current state (O(1) per change).
   auto better = [&](bool feas, double c, double f, bool bfeas, double bc, double bf) {
     if (feas != bfeas) return feas;
     return feas ? c < bc : f < bf;
@@ -324,8 +326,13 @@ FastsaResult fastsa_anneal(const FastsaProblem& p, std::vector<int> slots, const
   bool best_feas = st.peak() <= par.budget;
   double best_cost = st.cost(), best_f = cur;
   int64_t best_peak = st.peak();
-  std::vector<int> best = st.slots();
-  bool dirty = false;
+  std::vector<int> snap = st.slots(), best_vec = snap;
+  std::vector<Change> journal;
+  size_t best_len = 0;
+  bool in_journal = false;
+  auto replay_onto = [](std::vector<int>& slots, const std::vector<Change>& j, size_t k) {
+    for (size_t i = 0; i < k; ++i) slots[j[i].slot] = j[i].added ? j[i].unit : -1;
+  };
 
   std::mt19937_64 rng(par.seed);
   auto below = [&](uint64_t k) { return static_cast<int>(rng() % k); };
@@ -335,11 +342,6 @@ FastsaResult fastsa_anneal(const FastsaProblem& p, std::vector<int> slots, const
   auto undo = [&]() {
     for (auto it = log.rbegin(); it != log.rend(); ++it) {
       if (it->added) st.remove(it->slot); else st.add(it->unit, it->slot);
-    }
-  };
-  auto redo = [&]() {
-    for (const Change& c : log) {
-      if (c.added) st.add(c.unit, c.slot); else st.remove(c.slot);
     }
   };
   auto random_slot = [&](bool want_nop) {
@@ -403,17 +405,23 @@ FastsaResult fastsa_anneal(const FastsaProblem& p, std::vector<int> slots, const
       if (f <= cur || unif() < std::exp(-(f - cur) / h)) {
         ++res.accepted;
         const bool feas = pk <= par.budget;
+        journal.insert(journal.end(), log.begin(), log.end());
         if (better(feas, st.cost(), f, best_feas, best_cost, best_f)) {
           best_feas = feas;
           best_cost = st.cost();
           best_f = f;
           best_peak = pk;
-          dirty = true;
-        } else if (dirty) {  // leaving the best state: save it first
-          undo();
-          best = st.slots();
-          redo();
-          dirty = false;
+          best_len = journal.size();
+          in_journal = true;
+        }
+        if (journal.size() > 2 * static_cast<size_t>(T)) {
+          if (in_journal) {
+            best_vec = snap;
+            replay_onto(best_vec, journal, best_len);
+            in_journal = false;
+          }
+          snap = st.slots();
+          journal.clear();
         }
         cur = f;
         if (par.stop_when_feasible && feas) {
@@ -425,8 +433,11 @@ FastsaResult fastsa_anneal(const FastsaProblem& p, std::vector<int> slots, const
       }
     }
   }
-  if (dirty) best = st.slots();
-  res.slots = std::move(best);
+  if (in_journal) {
+    replay_onto(snap, journal, best_len);
+    best_vec = std::move(snap);
+  }
+  res.slots = std::move(best_vec);
   res.iterations = it;
   res.peak = best_peak;
   res.cost = best_cost;
