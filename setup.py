@@ -20,8 +20,11 @@ ext_modules = [
             "csrc/core_compact.cpp", "csrc/core_check.cpp",
             # Logs (program.h) and their replay (replay.h), and the Python module.
             "csrc/logparse.cpp", "csrc/replay.cpp", "csrc/bindings.cpp",
+            # The FastSA planner's annealing loop (dtr/sim/planners/fastsa.py).
+            "csrc/fastsa.cpp",
         ],
-        depends=["csrc/core.h", "csrc/core_internal.h", "csrc/core_api.h", "csrc/program.h", "csrc/replay.h"],
+        depends=["csrc/core.h", "csrc/core_internal.h", "csrc/core_api.h", "csrc/program.h", "csrc/replay.h",
+                 "csrc/fastsa.h"],
         include_dirs=["csrc"],
         cxx_std=17,
         extra_compile_args=["-O2"],

@@ -10,6 +10,7 @@
 
 #include "core.h"
 #include "core_api.h"
+#include "fastsa.h"
 #include "program.h"
 #include "replay.h"
 
@@ -398,4 +399,45 @@ PYBIND11_MODULE(_C, m) {
         return d;
       },
       py::arg("program"), py::arg("config"));
+  m.def(
+      "fastsa_anneal",
+      [](std::vector<int> in_ptr, std::vector<int> in_idx, std::vector<int> out_ptr, std::vector<int> out_idx,
+         std::vector<int64_t> extra, std::vector<double> cost, std::vector<uint8_t> unit_flags,
+         std::vector<int64_t> size, std::vector<uint8_t> value_flags, std::vector<int> slots, int64_t budget,
+         int64_t iterations, double temp0, double temp1, double temp_scale, uint64_t seed, double time_limit,
+         bool stop_when_feasible, bool soft_peak) {
+        FastsaProblem p{std::move(in_ptr), std::move(in_idx), std::move(out_ptr), std::move(out_idx),
+                        std::move(extra), std::move(cost), std::move(unit_flags), std::move(size),
+                        std::move(value_flags)};
+        FastsaParams par;
+        par.budget = budget;
+        par.iterations = iterations;
+        par.temp0 = temp0;
+        par.temp1 = temp1;
+        par.temp_scale = temp_scale;
+        par.seed = seed;
+        par.time_limit = time_limit;
+        par.stop_when_feasible = stop_when_feasible;
+        par.soft_peak = soft_peak;
+        FastsaResult r;
+        {
+          py::gil_scoped_release nogil;
+          r = fastsa_anneal(p, std::move(slots), par);
+        }
+        py::dict d;
+        d["slots"] = r.slots;
+        d["iterations"] = r.iterations;
+        d["accepted"] = r.accepted;
+        d["peak"] = r.peak;
+        d["cost"] = r.cost;
+        d["feasible"] = r.feasible;
+        d["objective0"] = r.objective0;
+        d["temp_end"] = r.temp_end;
+        d["peak0"] = r.peak0;
+        return d;
+      },
+      py::arg("in_ptr"), py::arg("in_idx"), py::arg("out_ptr"), py::arg("out_idx"), py::arg("extra"),
+      py::arg("cost"), py::arg("unit_flags"), py::arg("size"), py::arg("value_flags"), py::arg("slots"), py::arg("budget"), py::arg("iterations"), py::arg("temp0"), py::arg("temp1"),
+      py::arg("temp_scale"), py::arg("seed"), py::arg("time_limit"), py::arg("stop_when_feasible"),
+      py::arg("soft_peak") = false);
 }
