@@ -15,7 +15,7 @@ from dtr.sim.planners import PlanOptions, PlanResult, register_planner
 from dtr.sim.schedule import sequence_profile, sequence_steps
 
 __all__ = ["plan_fastsa", "Grouping", "group_nodes", "Problem", "node_problem", "group_problem", "Stage", "anneal",
-           "FIXED", "PINNED", "KEEP", "lower_bound"]
+           "FIXED", "PINNED", "KEEP"]
 
 # Note [FastSA]
 # ~~~~~~~~~~~~~
@@ -71,8 +71,8 @@ __all__ = ["plan_fastsa", "Grouping", "group_nodes", "Problem", "node_problem", 
 #   a warm start (``options.warm_start``: Chen's plan, or Rotor's where its
 #   estimated time fits) the cold start gets COLD_SHARE of the time and the
 #   warm plan's second-stage refinement the rest; the cheaper result wins.
-# - A budget below lower_bound() (a node with what it reads, or the storages
-#   kept to the end) is reported ``infeasible`` at once.
+# - A budget below the memory every schedule needs is refused by run_planner
+#   before this planner runs (``infeasible``: Note [A memory lower bound]).
 # The result is checked on sequence_profile. Seeded by ``options.seed``: the
 # same seed and iteration counts give the same plan (a time limit that cuts a
 # run short can change it).
@@ -296,24 +296,6 @@ def _spread(seq: Sequence[int], n_units: int) -> List[int]:
     return slots
 
 
-def lower_bound(pg: PlanGraph) -> Tuple[int, str]:
-    """A peak no schedule can go below, and what forces it.
-
-    Any schedule computes every node once at least, with the storages it
-    reads resident and its own allocated; and it ends with every storage
-    referenced at the end resident.
-
-    Returns:
-        (bytes, the reason in words).
-    """
-    size = pg.graph.storage_size
-    kept = sum(size[s] for s in pg.storages_referenced_at_end)
-    step, v = max(((pg.mem[u] + sum(size[s] for s in pg.reads[u]), u) for u in range(pg.n)), default=(0, -1))
-    if v >= 0 and step >= kept:
-        return step, f"node {v} ({pg.graph.op_name[pg.ops[v][0]]}) with the storages it reads"
-    return kept, "the storages referenced at the end"
-
-
 @register_planner("fastsa")
 def plan_fastsa(pg: PlanGraph, budget: int, options: PlanOptions) -> PlanResult:
     """FastSA (Note [FastSA]): grouped annealing until the budget is met, then annealing on single nodes.
@@ -326,14 +308,10 @@ def plan_fastsa(pg: PlanGraph, budget: int, options: PlanOptions) -> PlanResult:
             and 2M), ``warm_start``.
 
     Returns:
-        ``ok`` with the cheapest sequence found within the budget, ``infeasible``
-        when the budget is below :func:`lower_bound`, else ``oom`` (the message
-        gives the lowest peak reached).
+        ``ok`` with the cheapest sequence found within the budget, else
+        ``oom`` (the message gives the lowest peak reached).
     """
     t0 = time.perf_counter()
-    floor, why = lower_bound(pg)
-    if budget < floor:
-        return PlanResult("fastsa", "infeasible", None, message=f"no schedule fits: {why} ({floor} bytes)")
     deadline = t0 + max(0.0, options.time_limit - MARGIN - MARGIN_PER_NODE * pg.n)
     n1 = options.sa_steps or N1
     n2 = max(options.sa_steps // 10, 1000) if options.sa_steps else N2
