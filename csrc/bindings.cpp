@@ -164,6 +164,7 @@ const DtrCoreApi core_api = {
     [](void* c, int t) { return guarded([&] { as_core(c).release(t); return 0; }, -1); },
     [](void* c, int s) { return guarded([&] { as_core(c).forget(s); return 0; }, -1); },
     &remat_allowance,
+    [](void* c, int on) { as_core(c).compute_hook_first = on != 0; },
 };
 
 }  // namespace

@@ -258,6 +258,9 @@ class Core {
   // marked resident; the driver (re)computes the op's outputs here. An op
   // with no outputs is reported once, when end_call accounts for it.
   std::function<void(int, bool)> on_compute;
+  // false: on_compute is called for recomputations only (a driver with nothing to do for a first
+  // computation, the runtime's native per-op path, saves a call per op).
+  bool compute_hook_first = true;
   // on_pin(storage): a storage became a constant (it must be kept from now on).
   std::function<void(int)> on_pin;
 

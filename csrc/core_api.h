@@ -46,5 +46,7 @@ struct DtrCoreApi {
   int (*forget)(void* core, int s);
   // dtr::remat_allowance (csrc/core.h): the rule's one owner. Never fails.
   double (*remat_allowance)(double thrash_limit, double base);
+  // Core::compute_hook_first: 0 reports only recomputations to the on_compute hook.
+  void (*set_compute_hook_first)(void* core, int on);
 };
 }

@@ -186,7 +186,7 @@ void Core::end_call(int op_id, double cost) {
   change_cost(op_id, cost, /*in_progress=*/true);
   op.ended = true;
   if (op.outputs.empty()) {  // it runs once (never again: nothing can need it) and is reported like any op
-    if (on_compute) on_compute(op_id, /*remat=*/false);
+    if (on_compute && compute_hook_first) on_compute(op_id, /*remat=*/false);
     clock_ += op.cost;
     c_.base_compute += op.cost;
     for (int p : op.inputs) unlock(tensors_[p].storage);

@@ -270,7 +270,7 @@ void Core::finish(int op_id) {
 void Core::compute(int t, bool remat) {
   const int op_id = tensors_[t].op;
   const Op& op = ops_[op_id];
-  if (on_compute) on_compute(op_id, remat);
+  if (on_compute && (remat || compute_hook_first)) on_compute(op_id, remat);
   clock_ += op.cost;
   if (remat) {
     c_.remat_compute += op.cost;

@@ -1064,6 +1064,7 @@ int FastPath_init(PyObject* self, PyObject* args, PyObject* kwargs) {
     Ref hook(PyObject_GetAttr(self, name));                    // (Budget's end clears every hook)
     if (!hook || PyObject_SetAttr(f->core, name, hook.get()) < 0) return -1;
   }
+  api->set_compute_hook_first(f->c, 0);  // (DTRMode._on_compute has nothing to do for a first computation)
   f->cost_model = PyObject_GetAttr(mode, names.cost_model);
   if (f->cost_model == nullptr) return -1;
   Ref measured(PyObject_GetAttr(f->cost_model, names.measured));
