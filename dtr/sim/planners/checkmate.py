@@ -15,7 +15,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 from dtr.sim.graph import PlanGraph
 from dtr.sim.planners import PlanOptions, PlanResult, register_planner
-from dtr.sim.schedule import sequence_profile, sequence_steps
+from dtr.sim.schedule import _in_place_frees, sequence_profile, sequence_steps
 
 __all__ = ["plan_checkmate", "plan_checkmate_lp", "build_ilp", "IlpModel", "stage_bounds", "choose_group",
            "round_forward"]
@@ -156,11 +156,12 @@ class IlpModel:
         n: nodes.
         bounds: stage starts b_0 = 0 < ... < b_T = n.
         r_cols: (stage, node) -> column of R (absent: fixed at 0).
-        s_cols: (stage, node) -> column of S (stage 1..T; absent: 0, or 1 for a constant).
+        s_cols: (stage, value) -> column of S (stage 1..T; absent: 0, or 1 for a constant).
         r_node: node of each R column (numpy array).
         u0: first U column.
         build_seconds: time spent building.
         window_cut: whether the recomputation window left an ancestor out.
+        values: the S variables' values (Note [Values, not nodes]).
     """
 
     n: int
@@ -180,6 +181,7 @@ class IlpModel:
     u0: int = 0
     build_seconds: float = 0.0
     window_cut: bool = False
+    values: Optional[_Values] = None
 
     @property
     def num_stages(self) -> int:
@@ -229,11 +231,12 @@ def choose_group(pg: PlanGraph, seconds: float) -> Tuple[int, int]:
     """
     n = pg.n
     cap = int(COLS_PER_ROOT_SECOND * math.sqrt(max(seconds, 0.5))) + 1
-    if _columns(pg, 1, n, limit=cap) is not None:
+    vals = _values(pg)
+    if _columns(pg, vals, 1, n, limit=cap) is not None:
         return 1, n
     win = default_window(pg)
     g = 1
-    while g < n and _columns(pg, g, win, limit=cap) is None:
+    while g < n and _columns(pg, vals, g, win, limit=cap) is None:
         g *= 2
     return min(g, max(1, n)), win
 
@@ -275,19 +278,79 @@ def _ancestors(pg: PlanGraph, lo: int, hi: int, window: int, mark: List[int], st
 
 
 @dataclass
+class _Values:
+    """The model's values: a node's storages grouped by the nodes that read them.
+
+    Attributes:
+        node: the node producing each value.
+        mem: its bytes.
+        storages: its exact storages.
+        users: the nodes reading it, ascending.
+        at_end: whether it is referenced at the end.
+        last: its last user (n when referenced at the end).
+        of_node: per node, its values.
+        reads: per node, the values it reads (of other nodes).
+    """
+
+    node: List[int]
+    mem: List[int]
+    storages: List[Tuple[int, ...]]
+    users: List[List[int]]
+    at_end: List[bool]
+    last: List[int]
+    of_node: List[List[int]]
+    reads: List[List[int]]
+
+
+def _values(pg: PlanGraph) -> _Values:
+    """Group each node's storages by their readers (Note [Values, not nodes])."""
+    n = pg.n
+    readers: Dict[int, Set[int]] = {}
+    for k in range(n):
+        for x in pg.reads[k]:
+            readers.setdefault(x, set()).add(k)
+    size = pg.graph.storage_size
+    at_end_st = pg.storages_referenced_at_end
+    vals = _Values([], [], [], [], [], [], [[] for _ in range(n)], [[] for _ in range(n)])
+    value_of: Dict[int, int] = {}
+    for i in range(n):
+        groups: Dict[frozenset, List[int]] = {}
+        for x in pg.storages[i]:
+            groups.setdefault(frozenset(readers.get(x, ())), []).append(x)
+        if not groups:
+            groups[frozenset()] = []
+        for who, xs in groups.items():
+            v = len(vals.node)
+            vals.node.append(i)
+            vals.mem.append(sum(size[x] for x in xs))
+            vals.storages.append(tuple(xs))
+            vals.users.append(sorted(who))
+            end = any(x in at_end_st for x in xs)
+            vals.at_end.append(end)
+            vals.last.append(n if end else max(who, default=i))
+            vals.of_node[i].append(v)
+            for x in xs:
+                value_of[x] = v
+    for k in range(n):
+        vals.reads[k] = sorted({value_of[x] for x in pg.reads[k]})
+    return vals
+
+
+@dataclass
 class _Columns:
-    """The R and S columns of a model (see :func:`build_ilp`)."""
+    """The R and S columns of a model (see :func:`build_ilp`); S columns are over values."""
 
     bounds: Tuple[int, ...]
     r_stage: List[int]
     r_node: List[int]
     stage_r: List[Tuple[int, int]]
     s_stage: List[int]
-    s_node: List[int]
+    s_value: List[int]
     cut: bool
 
 
-def _columns(pg: PlanGraph, group: int, window: Optional[int], limit: Optional[int] = None) -> Optional[_Columns]:
+def _columns(pg: PlanGraph, vals: _Values, group: int, window: Optional[int],
+             limit: Optional[int] = None) -> Optional[_Columns]:
     """R columns (ancestors within the window, then the stage's own nodes) and S columns, by stage.
 
     Returns None as soon as there are more than ``limit`` columns.
@@ -296,9 +359,7 @@ def _columns(pg: PlanGraph, group: int, window: Optional[int], limit: Optional[i
     b = stage_bounds(n, group)
     T = len(b) - 1
     win = default_window(pg) if window is None else window
-    pinned, at_end = pg.pinned, pg.referenced_at_end
-    users = pg.users()
-    last = [n if at_end[i] else max(users[i], default=i) for i in range(n)]
+    pinned = pg.pinned
     r_stage: List[int] = []
     r_node: List[int] = []
     stage_r: List[Tuple[int, int]] = []
@@ -315,19 +376,22 @@ def _columns(pg: PlanGraph, group: int, window: Optional[int], limit: Optional[i
         if limit is not None and len(r_node) > limit:
             return None
     s_stage: List[int] = []
-    s_node: List[int] = []
-    prev: List[int] = []  # S nodes of the previous stage
+    s_value: List[int] = []
+    prev: List[int] = []  # S values of the previous stage
+    last, of_node = vals.last, vals.of_node
     for s in range(1, T + 1):
         cand = set(prev)
         lo_r, hi_r = stage_r[s - 1]
-        cand.update(r_node[lo_r:hi_r])
-        cur = sorted(i for i in cand if not pinned[i] and last[i] >= b[s])
-        s_node += cur
+        for i in r_node[lo_r:hi_r]:
+            if not pinned[i]:
+                cand.update(of_node[i])
+        cur = sorted(v for v in cand if last[v] >= b[s])
+        s_value += cur
         s_stage += [s] * len(cur)
         prev = cur
-        if limit is not None and len(r_node) + len(s_node) > limit:
+        if limit is not None and len(r_node) + len(s_value) > limit:
             return None
-    return _Columns(b, r_stage, r_node, stage_r, s_stage, s_node, cut)
+    return _Columns(b, r_stage, r_node, stage_r, s_stage, s_value, cut)
 
 
 def build_ilp(pg: PlanGraph, budget: int, group: int = 1, window: Optional[int] = None) -> IlpModel:
@@ -347,100 +411,109 @@ def build_ilp(pg: PlanGraph, budget: int, group: int = 1, window: Optional[int] 
     from scipy.sparse import csr_matrix
     t_build = time.perf_counter()
     n = pg.n
-    cols_ = _columns(pg, group, window)
+    vals = _values(pg)
+    cols_ = _columns(pg, vals, group, window)
     assert cols_ is not None
     b = cols_.bounds
     T = len(b) - 1
-    deps, pinned, at_end = pg.deps, pg.pinned, pg.referenced_at_end
-    users = pg.users()
+    pinned = pg.pinned
     scale = float(max(budget, 1))
     m = [x / scale for x in pg.mem]
+    vm = [x / scale for x in vals.mem]
+    v_node, v_users, v_at_end = vals.node, vals.users, vals.at_end
     r_stage, r_node, stage_r = cols_.r_stage, cols_.r_node, cols_.stage_r
-    s_stage, s_node = cols_.s_stage, cols_.s_node
-    num_r, num_s = len(r_node), len(s_node)
+    s_stage, s_value = cols_.s_stage, cols_.s_value
+    num_r, num_s = len(r_node), len(s_value)
     r_cols: Dict[Tuple[int, int], int] = {(s, i): c for c, (s, i) in enumerate(zip(r_stage, r_node))}
-    s_cols: Dict[Tuple[int, int], int] = {(s, i): num_r + c for c, (s, i) in enumerate(zip(s_stage, s_node))}
+    s_cols: Dict[Tuple[int, int], int] = {(s, v): num_r + c for c, (s, v) in enumerate(zip(s_stage, s_value))}
 
     rows: List[int] = []
     cols: List[int] = []
-    vals: List[float] = []
+    coef: List[float] = []
     lo: List[float] = []
     hi: List[float] = []
     inf = math.inf
     nrow = 0
-    # (a) inputs resident or computed before: R[s,k] - R[s,d] - S[s,d] <= 0
+    # (a) inputs resident or computed before: R[s,k] - R[s,d] - S[s,v] <= 0 for each value v of d that k reads
     for col in range(num_r):
         s, k = r_stage[col], r_node[col]
         bs = b[s]
-        for d in deps[k]:
+        for v in vals.reads[k]:
+            d = v_node[v]
             if pinned[d] or d >= bs:
                 continue
             rows.append(nrow)
             cols.append(col)
-            vals.append(1.0)
+            coef.append(1.0)
             rd = r_cols.get((s, d))
             if rd is not None:
                 rows.append(nrow)
                 cols.append(rd)
-                vals.append(-1.0)
-            sd = s_cols.get((s, d))
+                coef.append(-1.0)
+            sd = s_cols.get((s, v))
             if sd is not None:
                 rows.append(nrow)
                 cols.append(sd)
-                vals.append(-1.0)
+                coef.append(-1.0)
             lo.append(-inf)
             hi.append(0.0)
             nrow += 1
-    # (b) kept only if available: S[s,i] - R[s-1,i] - S[s-1,i] <= 0
+    # (b) kept only if available: S[s,v] - R[s-1,node(v)] - S[s-1,v] <= 0
     for j in range(num_s):
-        s, i = s_stage[j], s_node[j]
+        s, v = s_stage[j], s_value[j]
         rows.append(nrow)
         cols.append(num_r + j)
-        vals.append(1.0)
-        for other in (r_cols.get((s - 1, i)), s_cols.get((s - 1, i))):
+        coef.append(1.0)
+        for other in (r_cols.get((s - 1, v_node[v])), s_cols.get((s - 1, v))):
             if other is not None:
                 rows.append(nrow)
                 cols.append(other)
-                vals.append(-1.0)
+                coef.append(-1.0)
         lo.append(-inf)
         hi.append(0.0)
         nrow += 1
-    # (c) FREE[s,i,k] <= each factor of the product; unconditional frees become constants.
+    # (c) FREE[s,v,k] <= each factor of the product; unconditional frees become constants.
     nv = num_r + num_s
-    free_of: List[List[Tuple[int, float]]] = [[] for _ in range(num_r)]  # per R column: (FREE col, m_i)
-    freed_const = [0.0] * num_r
+    # per R column: (FREE col, bytes freed after it, bytes handed over to it in place)
+    free_of: List[List[Tuple[int, float, float]]] = [[] for _ in range(num_r)]
+    freed_after = [0.0] * num_r
+    freed_before = [0.0] * num_r
+    in_place = _in_place_frees(pg)
+    size = pg.graph.storage_size
     for col in range(num_r):
         s, k = r_stage[col], r_node[col]
         bs, es = b[s], b[s + 1]
         own = k >= bs  # R fixed at 1
-        for i in (*deps[k], k):
-            if pinned[i]:
+        for v in (*vals.reads[k], *vals.of_node[k]):
+            if pinned[v_node[v]]:
                 continue
-            us = users[i]
+            us = v_users[v]
             p = bisect_left(us, max(k + 1, bs))
             if p < len(us) and us[p] < es:
-                continue  # a node of the stage reads i later
-            if s + 1 == T and at_end[i]:
+                continue  # a node of the stage reads v later
+            if s + 1 == T and v_at_end[v]:
                 continue  # kept to the end
-            keep_col = s_cols.get((s + 1, i))
+            keep_col = s_cols.get((s + 1, v))
             hazards = [r_cols[(s, j)] for j in us[bisect_left(us, k + 1):] if j < bs and (s, j) in r_cols]
+            early = sum(size[x] for x in vals.storages[v] if x in in_place[k]) / scale if in_place[k] else 0.0
             if own and keep_col is None and not hazards:
-                freed_const[col] += m[i]
+                freed_after[col] += vm[v] - early
+                freed_before[col] += early
                 continue
             f = nv
             nv += 1
-            free_of[col].append((f, m[i]))
+            free_of[col].append((f, vm[v] - early, early))
             if not own:
                 rows += [nrow, nrow]
                 cols += [f, col]
-                vals += [1.0, -1.0]
+                coef += [1.0, -1.0]
                 lo.append(-inf)
                 hi.append(0.0)
                 nrow += 1
             for h in ([keep_col] if keep_col is not None else []) + hazards:
                 rows += [nrow, nrow]
                 cols += [f, h]
-                vals += [1.0, 1.0]
+                coef += [1.0, 1.0]
                 lo.append(-inf)
                 hi.append(1.0)
                 nrow += 1
@@ -461,22 +534,28 @@ def build_ilp(pg: PlanGraph, budget: int, group: int = 1, window: Optional[int] 
             k = r_node[col]
             rows += [nrow, nrow]
             cols += [u0 + col, col]
-            vals += [1.0, -m[k]]
+            coef += [1.0, -m[k]]
+            for f, _, early in free_of[col]:
+                if early:
+                    rows.append(nrow)
+                    cols.append(f)
+                    coef.append(early)
             if col == lo_r:
                 for j in s_by_stage[s]:
                     rows.append(nrow)
                     cols.append(num_r + j)
-                    vals.append(-m[s_node[j]])
-                rhs = const[s]
+                    coef.append(-vm[s_value[j]])
+                rhs = const[s] - freed_before[col]
             else:
                 rows.append(nrow)
                 cols.append(u0 + col - 1)
-                vals.append(-1.0)
-                for f, mi in free_of[col - 1]:
-                    rows.append(nrow)
-                    cols.append(f)
-                    vals.append(mi)
-                rhs = -freed_const[col - 1]
+                coef.append(-1.0)
+                for f, late, _ in free_of[col - 1]:
+                    if late:
+                        rows.append(nrow)
+                        cols.append(f)
+                        coef.append(late)
+                rhs = -freed_after[col - 1] - freed_before[col]
             lo.append(rhs)
             hi.append(rhs)
             nrow += 1
@@ -486,7 +565,7 @@ def build_ilp(pg: PlanGraph, budget: int, group: int = 1, window: Optional[int] 
     rs = np.asarray(r_stage, dtype=np.int64)
     bounds_arr = np.asarray(b, dtype=np.int64)
     lb[:num_r] = (rn >= bounds_arr[rs]).astype(float)  # the stage's own nodes
-    final = [num_r + j for j in range(num_s) if s_stage[j] == T and at_end[s_node[j]]]
+    final = [num_r + j for j in range(num_s) if s_stage[j] == T and v_at_end[s_value[j]]]
     lb[final] = 1.0
     lb[u0:] = -inf  # U is bounded above only (memory counted twice at worst)
     c = np.zeros(nv)
@@ -494,10 +573,11 @@ def build_ilp(pg: PlanGraph, budget: int, group: int = 1, window: Optional[int] 
     integrality = np.ones(nv)
     integrality[u0:] = 0
     ij = (np.asarray(rows, dtype=np.int64), np.asarray(cols, dtype=np.int64))
-    A = csr_matrix((np.asarray(vals, dtype=float), ij), shape=(nrow, nv))
+    A = csr_matrix((np.asarray(coef, dtype=float), ij), shape=(nrow, nv))
     return IlpModel(n=n, c=c, A=A, lo=np.asarray(lo, dtype=float), hi=np.asarray(hi, dtype=float), lb=lb, ub=ub,
                     integrality=integrality, num_r=num_r, num_s=num_s, bounds=b, r_cols=r_cols, s_cols=s_cols,
-                    r_node=rn, u0=u0, build_seconds=time.perf_counter() - t_build, window_cut=cols_.cut)
+                    r_node=rn, u0=u0, build_seconds=time.perf_counter() - t_build, window_cut=cols_.cut,
+                    values=vals)
 
 
 def _sequence_from_r(model: IlpModel, x) -> List[int]:
@@ -541,22 +621,26 @@ def ilp_point(pg: PlanGraph, model: IlpModel, seq: List[int]):
         if col < 0 or vals[col] > 0:
             return None  # outside the model, or twice in one stage
         vals[col] = 1.0
+    values = model.values if model.values is not None else _values(pg)
+    v_node = values.node
     latest = [-1] * n
-    end = list(range(len(seq)))
+    end: Dict[Tuple[int, int], int] = {}  # (position, value) -> its last read before the node's next computation
     for p, v in enumerate(seq):
-        for d in pg.deps[v]:
-            end[latest[d]] = p
+        for u in values.reads[v]:
+            end[(latest[v_node[u]], u)] = p
         latest[v] = p
-    for v in range(n):
-        if pg.referenced_at_end[v]:
-            end[latest[v]] = len(seq)
+        for u in values.of_node[v]:
+            end[(p, u)] = p
+    for u, wanted in enumerate(values.at_end):
+        if wanted:
+            end[(latest[v_node[u]], u)] = len(seq)
     start = [ends[s - 1] + 1 for s in range(1, T + 1)] + [len(seq) + 1]  # stage s (1..T) starts here
-    for p, v in enumerate(seq):
-        if pg.pinned[v]:
+    for (p, u), e in end.items():
+        if pg.pinned[v_node[u]]:
             continue
         s = stage_of[p] + 1
-        while s <= T and start[s - 1] <= end[p]:
-            col = model.s(s, v)
+        while s <= T and start[s - 1] <= e:
+            col = model.s(s, u)
             if col < 0:
                 return None
             vals[col] = 1.0
@@ -600,38 +684,40 @@ def heuristic_incumbents(pg: PlanGraph, budget: int, options: PlanOptions) -> Li
 def round_forward(pg: PlanGraph, keep: Callable[[int, int], bool], bounds: Optional[Sequence[int]] = None) -> List[int]:
     """Two-phase rounding, feasibility-restoring: the least R for a rounded S, stage by stage.
 
-    ``keep(s, i)`` says whether node i, available at the end of stage s-1
-    (resident before, or computed in it), stays resident into stage s. Stage
-    s computes its own nodes and, recursively, every input that is not
-    resident (in index order); what it computed is available for ``keep``.
-    A rounded S[s,i] = 1 for a value that is not available is dropped
-    instead of recomputed (the cheapest repair). Wanted values missing at
-    the end are recomputed last.
+    ``keep(s, i)`` says whether node i's values, available at the end of
+    stage s-1 (resident before, or computed in it), stay resident into stage
+    s. Stage s computes its own nodes and, recursively, every node with a
+    value they read that is not resident (in index order); what it computed
+    is available for ``keep``. A rounded S = 1 for a value that is not
+    available is dropped instead of recomputed (the cheapest repair). Wanted
+    values missing at the end are recomputed last.
 
     Args:
         pg: the planning graph.
-        keep: the rounded S.
+        keep: the rounded S, per node.
         bounds: stage starts (default: one node per stage).
     """
     b = list(bounds) if bounds is not None else list(range(pg.n + 1))
-    return _round(pg, b, lambda s, avail: {i for i in avail if keep(s, i)})
+    vals = _values(pg)
+    return _round(pg, vals, b, lambda s, avail: {u for u in avail if keep(s, vals.node[u])})
 
 
-def _round(pg: PlanGraph, b: Sequence[int], kept: Callable[[int, Set[int]], Set[int]]) -> List[int]:
-    """:func:`round_forward` with the keep decision per stage: ``kept(s, available non-constants)``."""
-    deps, pinned = pg.deps, pg.pinned
+def _round(pg: PlanGraph, vals: _Values, b: Sequence[int], kept: Callable[[int, Set[int]], Set[int]]) -> List[int]:
+    """:func:`round_forward` over values: ``kept(s, available values of non-constants)`` is the rounded S."""
+    pinned = pg.pinned
+    reads, v_node, of_node = vals.reads, vals.node, vals.of_node
     resident: Set[int] = set()
     seq: List[int] = []
 
     def closure(roots) -> List[int]:
         need: Set[int] = set()
-        stack = [v for v in roots if v not in resident]
+        stack = list(roots)
         while stack:
             v = stack.pop()
             if v in need:
                 continue
             need.add(v)
-            stack.extend(d for d in deps[v] if d not in resident and d not in need)
+            stack.extend(v_node[u] for u in reads[v] if u not in resident and v_node[u] not in need)
         return sorted(need)
 
     T = len(b) - 1
@@ -639,11 +725,11 @@ def _round(pg: PlanGraph, b: Sequence[int], kept: Callable[[int, Set[int]], Set[
     for s in range(T):
         need = closure(range(b[s], b[s + 1]))
         seq.extend(need)
-        consts.update(i for i in need if pinned[i])
-        avail = {i for i in resident if not pinned[i]}
-        avail.update(i for i in need if not pinned[i])
+        avail = {u for u in resident if u not in consts}
+        for i in need:
+            (consts if pinned[i] else avail).update(of_node[i])
         resident = kept(s + 1, avail) | consts
-    missing = [i for i in range(pg.n) if pg.referenced_at_end[i] and i not in resident]
+    missing = {v_node[u] for u, wanted in enumerate(vals.at_end) if wanted and u not in resident}
     seq.extend(closure(missing))
     return seq
 
@@ -664,6 +750,7 @@ def _round_lp(pg: PlanGraph, budget: int, model: IlpModel, x, options: PlanOptio
     """Round an LP solution (Note [Rounding the LP]) until the deadline; updates ``state``."""
     b = model.bounds
     T = len(b) - 1
+    vals = model.values if model.values is not None else _values(pg)
     probs: List[Dict[int, float]] = [{} for _ in range(T + 1)]
     fractional: Set[int] = set()
     for (s, i), col in model.s_cols.items():
@@ -675,7 +762,7 @@ def _round_lp(pg: PlanGraph, budget: int, model: IlpModel, x, options: PlanOptio
     rng = random.Random(options.seed)
 
     def attempt(kept, taus=None) -> bool:
-        seq = _round(pg, b, kept)
+        seq = _round(pg, vals, b, kept)
         key = tuple(seq)
         if key in state.seen:
             return False
@@ -690,13 +777,13 @@ def _round_lp(pg: PlanGraph, budget: int, model: IlpModel, x, options: PlanOptio
             return True
         return False
 
-    def per_node(taus):
-        return lambda s, avail: {i for i, p in probs[s].items() if p > taus[i] and i in avail}
+    def per_value(taus):
+        return lambda s, avail: {u for u, p in probs[s].items() if p > taus[u] and u in avail}
 
     def draw(s, avail):
-        return {i for i, p in probs[s].items() if i in avail and p > rng.random()}
+        return {u for u, p in probs[s].items() if u in avail and p > rng.random()}
 
-    n = pg.n
+    n = len(vals.node)
     rules: List[Tuple[str, float]] = [("threshold", tau / 20.0) for tau in range(1, 20)]
     for r in range(max(1, options.rounds)):
         rules.append(("node", r))
@@ -711,7 +798,7 @@ def _round_lp(pg: PlanGraph, budget: int, model: IlpModel, x, options: PlanOptio
         else:
             attempt(draw)
             continue
-        attempt(per_node(taus), taus)
+        attempt(per_value(taus), taus)
     grid = (-1.0, 0.1, 0.3, 0.5, 0.7, 0.9, 1.0)
     order = sorted(fractional)
     for _ in range(3):
@@ -727,7 +814,7 @@ def _round_lp(pg: PlanGraph, budget: int, model: IlpModel, x, options: PlanOptio
                     continue
                 taus = list(base)
                 taus[i] = tau
-                if attempt(per_node(taus), taus):
+                if attempt(per_value(taus), taus):
                     improved = True
         if not improved:
             return
