@@ -135,10 +135,14 @@ __all__ = ["plan_checkmate", "plan_checkmate_lp", "build_ilp", "IlpModel", "stag
 
 #: R and S columns per square root of a second of solving (Note [A sparse model that scales]).
 COLS_PER_ROOT_SECOND = 2700
+#: The coarsest grouping keeps this many stages (a model that cannot fit the time limit then times out).
+MIN_STAGES = 8
 #: Models up to this many nonzeros get their incumbent checked against the ILP (_verify_point).
 VERIFY_NNZ = 400_000
 #: Share of the time limit the ILP spends on its LP-rounding incumbent.
 LP_SHARE = 0.4
+#: Share of the time limit the ILP's heuristic incumbents (Chen's grid) may take.
+HEURISTIC_SHARE = 0.2
 #: The ILP's model is sized for this share of the time limit (as an LP; the MILP needs more).
 ILP_SHARE = 0.25
 
@@ -218,27 +222,30 @@ def stage_bounds(n: int, group: int) -> Tuple[int, ...]:
     return tuple(range(0, n, g)) + (n,)
 
 
-def choose_group(pg: PlanGraph, seconds: float) -> Tuple[int, int]:
+def choose_group(pg: PlanGraph, seconds: float) -> Tuple[int, int, bool]:
     """The finest stage grouping and recomputation window whose model fits ``seconds`` of solving.
 
     Tries Checkmate's own model (one node per stage, no window), then the
     :func:`default_window` with g = 1, 2, 4, ... nodes per stage, and returns
     the first whose R and S columns are under ``COLS_PER_ROOT_SECOND *
-    sqrt(seconds)`` (Note [A sparse model that scales]).
+    sqrt(seconds)``, but never fewer than ``MIN_STAGES`` stages (Note [A
+    sparse model that scales]).
 
     Returns:
-        (group, window).
+        (group, window, fits): ``fits`` is False when even the coarsest
+        grouping is over the cap (the planners then build nothing).
     """
     n = pg.n
     cap = int(COLS_PER_ROOT_SECOND * math.sqrt(max(seconds, 0.5))) + 1
     vals = _values(pg)
     if _columns(pg, vals, 1, n, limit=cap) is not None:
-        return 1, n
+        return 1, n, True
     win = default_window(pg)
-    g = 1
-    while g < n and _columns(pg, vals, g, win, limit=cap) is None:
+    g, coarsest = 1, max(1, math.ceil(n / MIN_STAGES))
+    while g < coarsest and _columns(pg, vals, g, win, limit=cap) is None:
         g *= 2
-    return min(g, max(1, n)), win
+    g = min(g, coarsest)
+    return g, win, g < coarsest or _columns(pg, vals, g, win, limit=cap) is not None
 
 
 def default_window(pg: PlanGraph) -> int:
@@ -663,22 +670,41 @@ def _verify_point(model: IlpModel, vals, time_limit: float):
     return res.x if res.status == 0 and res.x is not None else None
 
 
-def heuristic_incumbents(pg: PlanGraph, budget: int, options: PlanOptions) -> List[Tuple[float, str, List[int]]]:
-    """Valid sequences within the budget from the fast planners (Rotor, Chen), cheapest first."""
+def heuristic_incumbents(pg: PlanGraph, budget: int, options: PlanOptions,
+                         deadline: Optional[float] = None) -> List[Tuple[float, str, List[int]]]:
+    """Valid sequences within the budget from the fast planners (Rotor, Chen), cheapest first.
+
+    Chen's greedy thresholds are tried one by one (its own grid, through its
+    public helpers) so that ``deadline`` (a ``time.perf_counter()`` value)
+    holds on graphs where the whole grid takes long.
+    """
+    from dtr.sim.graph import chain_shape
     from dtr.sim.planners import get_planner
+    from dtr.sim.planners.chen import checkpoint_sequence, greedy_checkpoints
     out = []
-    for name in ("rotor", "chen"):
-        try:
-            r = get_planner(name)(pg, budget, options)
-        except Exception:  # a heuristic failing must not stop the ILP
-            continue
-        if r.sequence is None:
-            continue
-        peak, cost = sequence_profile(pg, sequence_steps(pg, list(r.sequence)))
+    if chain_shape(pg) is not None:
+        for name in ("rotor", "chen"):
+            try:
+                r = get_planner(name)(pg, budget, options)
+            except Exception:  # a heuristic failing must not stop the ILP
+                continue
+            if r.sequence is not None:
+                out.append((r.sequence, name))
+    else:
+        movable = [pg.mem[v] for v in range(pg.n) if not pg.pinned[v]]
+        lo, hi = max(1, min((m for m in movable if m > 0), default=1)), max(1, sum(movable))
+        steps = 40
+        for x in sorted({lo * (hi / lo) ** (j / (steps - 1)) for j in range(steps)} | {0.0}):
+            if deadline is not None and time.perf_counter() > deadline:
+                break
+            out.append((tuple(checkpoint_sequence(pg, greedy_checkpoints(pg, x))), "chen"))
+    found = []
+    for seq, name in out:
+        peak, cost = sequence_profile(pg, sequence_steps(pg, list(seq)))
         if peak <= budget:
-            out.append((cost, name, list(r.sequence)))
-    out.sort(key=lambda c: c[0])
-    return out
+            found.append((cost, name, list(seq)))
+    found.sort(key=lambda c: c[0])
+    return found[:2]
 
 
 def round_forward(pg: PlanGraph, keep: Callable[[int, int], bool], bounds: Optional[Sequence[int]] = None) -> List[int]:
@@ -889,8 +915,19 @@ def plan_checkmate(pg: PlanGraph, budget: int, options: PlanOptions) -> PlanResu
     t0, deadline = _deadline(options)
     if pg.pinned_bytes > budget:
         return PlanResult("checkmate", "infeasible", None, message="the constants alone exceed the budget")
-    incs = heuristic_incumbents(pg, budget, options) if options.warm_start else []
-    model = build_ilp(pg, budget, *choose_group(pg, ILP_SHARE * (deadline - time.perf_counter())))
+    incs = heuristic_incumbents(pg, budget, options, t0 + HEURISTIC_SHARE * (deadline - t0)) \
+        if options.warm_start else []
+    group, window, fits = choose_group(pg, ILP_SHARE * (deadline - time.perf_counter()))
+    if not fits:
+        why = (f"the model over {math.ceil(pg.n / group)} stages is too large for this time limit "
+               f"(no model built)")
+        if incs:
+            cost, name, seq = incs[0]
+            gap = max(0.0, 1 - sum(pg.cost) / cost) if cost else 0.0
+            return PlanResult("checkmate", "timeout", tuple(seq), gap=gap, predicted_cost=cost,
+                              message=f"{why}; {name}'s schedule; gap against the base compute")
+        return PlanResult("checkmate", "timeout", None, message=why)
+    model = build_ilp(pg, budget, group, window)
     exact = model.exact
     size = model.size()
     inc = None  # (cost, name, seq, in the ILP's space)
@@ -922,7 +959,7 @@ def plan_checkmate(pg: PlanGraph, budget: int, options: PlanOptions) -> PlanResu
     if left > 0.2:
         res = milp(model.c, constraints=LinearConstraint(A, lo, hi), bounds=Bounds(model.lb, model.ub),
                    integrality=model.integrality,
-                   options={"time_limit": float(left), "mip_rel_gap": float(options.gap_tol), "disp": False})
+                   options={"time_limit": float(0.9 * left), "mip_rel_gap": float(options.gap_tol), "disp": False})
     bound = getattr(res, "mip_dual_bound", None) if res is not None else None
     bound = None if bound is None or not math.isfinite(bound) else float(bound)
     grouping = "" if exact else f"; optimal only over stages of {model.group} nodes and the window"
@@ -939,7 +976,11 @@ def plan_checkmate(pg: PlanGraph, budget: int, options: PlanOptions) -> PlanResu
                           message=f"{size}{extra}{grouping if proven else ''}")
     if inc is None:
         if res is not None and res.status == 2:
-            return PlanResult("checkmate", "infeasible", None, message=f"{size}; {res.message}")
+            if exact:
+                return PlanResult("checkmate", "infeasible", None, message=f"{size}; {res.message}")
+            return PlanResult("checkmate", "timeout", None,
+                              message=f"{size}; infeasible at the grouping this time limit allows (a longer one "
+                                      f"gives finer stages)")
         why = res.message if res is not None else "no time left for the solver"
         return PlanResult("checkmate", "timeout", None, message=f"{size}; no schedule found; {why}")
     cost, name, seq, in_space = inc
@@ -975,11 +1016,20 @@ def plan_checkmate_lp(pg: PlanGraph, budget: int, options: PlanOptions) -> PlanR
     t0, deadline = _deadline(options)
     if pg.pinned_bytes > budget:
         return PlanResult("checkmate-lp", "infeasible", None, message="the constants alone exceed the budget")
-    model = build_ilp(pg, budget, *choose_group(pg, 0.6 * (deadline - time.perf_counter())))
+    group, window, fits = choose_group(pg, 0.6 * (deadline - time.perf_counter()))
+    if not fits:
+        return PlanResult("checkmate-lp", "timeout", None,
+                          message=f"the model over {math.ceil(pg.n / group)} stages is too large for this time "
+                                  f"limit (no model built)")
+    model = build_ilp(pg, budget, group, window)
     state, outcome, bound = _lp_rounding(pg, budget, model, options, deadline)
     size = model.size()
     if outcome == "infeasible":
-        return PlanResult("checkmate-lp", "infeasible", None, message=f"{size}; the LP relaxation is infeasible")
+        if model.exact:
+            return PlanResult("checkmate-lp", "infeasible", None, message=f"{size}; the LP relaxation is infeasible")
+        return PlanResult("checkmate-lp", "timeout", None,
+                          message=f"{size}; the LP is infeasible at the grouping this time limit allows (a longer "
+                                  f"one gives finer stages)")
     if state.best is None:
         if outcome == "timeout":
             return PlanResult("checkmate-lp", "timeout", None, message=f"{size}; the LP did not finish in time")
