@@ -134,7 +134,7 @@ __all__ = ["plan_checkmate", "plan_checkmate_lp", "build_ilp", "IlpModel", "stag
 # rounding's own excess.
 
 #: R and S columns per square root of a second of solving (Note [A sparse model that scales]).
-COLS_PER_ROOT_SECOND = 2700
+COLS_PER_ROOT_SECOND = 1800
 #: The coarsest grouping keeps this many stages (a model that cannot fit the time limit then times out).
 MIN_STAGES = 8
 #: Models up to this many nonzeros get their incumbent checked against the ILP (_verify_point).
@@ -365,7 +365,7 @@ def _columns(pg: PlanGraph, vals: _Values, group: int, window: Optional[int],
     n = pg.n
     b = stage_bounds(n, group)
     T = len(b) - 1
-    win = default_window(pg) if window is None else window
+    win = n if window is None else window
     pinned = pg.pinned
     r_stage: List[int] = []
     r_node: List[int] = []
@@ -409,7 +409,7 @@ def build_ilp(pg: PlanGraph, budget: int, group: int = 1, window: Optional[int] 
         budget: bytes (constants included).
         group: nodes per stage (1: Checkmate's own model).
         window: hops within which a stage may recompute an ancestor
-            (None: :func:`default_window`).
+            (None: no limit; :func:`choose_group` picks one for large graphs).
 
     Returns:
         The :class:`IlpModel`.
@@ -810,7 +810,7 @@ def _round_lp(pg: PlanGraph, budget: int, model: IlpModel, x, options: PlanOptio
         return {u for u, p in probs[s].items() if u in avail and p > rng.random()}
 
     n = len(vals.node)
-    rules: List[Tuple[str, float]] = [("threshold", tau / 20.0) for tau in range(1, 20)]
+    rules: List[Tuple[str, float]] = [("threshold", tau / 20.0) for tau in range(1, 21)]
     for r in range(max(1, options.rounds)):
         rules.append(("node", r))
         rules.append(("draw", r))
@@ -923,8 +923,8 @@ def plan_checkmate(pg: PlanGraph, budget: int, options: PlanOptions) -> PlanResu
                f"(no model built)")
         if incs:
             cost, name, seq = incs[0]
-            gap = max(0.0, 1 - sum(pg.cost) / cost) if cost else 0.0
-            return PlanResult("checkmate", "timeout", tuple(seq), gap=gap, predicted_cost=cost,
+            base_gap = max(0.0, 1 - sum(pg.cost) / cost) if cost else 0.0
+            return PlanResult("checkmate", "timeout", tuple(seq), gap=base_gap, predicted_cost=cost,
                               message=f"{why}; {name}'s schedule; gap against the base compute")
         return PlanResult("checkmate", "timeout", None, message=why)
     model = build_ilp(pg, budget, group, window)
