@@ -681,7 +681,13 @@ def heuristic_incumbents(pg: PlanGraph, budget: int, options: PlanOptions,
     from dtr.sim.graph import chain_shape
     from dtr.sim.planners import get_planner
     from dtr.sim.planners.chen import checkpoint_sequence, greedy_checkpoints
-    out = []
+    found = []
+
+    def consider(seq: Sequence[int], name: str) -> None:
+        peak, cost = sequence_profile(pg, sequence_steps(pg, list(seq)))
+        if peak <= budget:
+            found.append((cost, name, list(seq)))
+
     if chain_shape(pg) is not None:
         for name in ("rotor", "chen"):
             try:
@@ -689,7 +695,7 @@ def heuristic_incumbents(pg: PlanGraph, budget: int, options: PlanOptions,
             except Exception:  # a heuristic failing must not stop the ILP
                 continue
             if r.sequence is not None:
-                out.append((r.sequence, name))
+                consider(r.sequence, name)
     else:
         movable = [pg.mem[v] for v in range(pg.n) if not pg.pinned[v]]
         lo, hi = max(1, min((m for m in movable if m > 0), default=1)), max(1, sum(movable))
@@ -697,12 +703,7 @@ def heuristic_incumbents(pg: PlanGraph, budget: int, options: PlanOptions,
         for x in sorted({lo * (hi / lo) ** (j / (steps - 1)) for j in range(steps)} | {0.0}):
             if deadline is not None and time.perf_counter() > deadline:
                 break
-            out.append((tuple(checkpoint_sequence(pg, greedy_checkpoints(pg, x))), "chen"))
-    found = []
-    for seq, name in out:
-        peak, cost = sequence_profile(pg, sequence_steps(pg, list(seq)))
-        if peak <= budget:
-            found.append((cost, name, list(seq)))
+            consider(checkpoint_sequence(pg, greedy_checkpoints(pg, x)), "chen")
     found.sort(key=lambda c: c[0])
     return found[:2]
 
