@@ -9,13 +9,13 @@ from __future__ import annotations
 import math
 import random
 import time
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 from dtr.sim.graph import PlanGraph
 from dtr.sim.planners import PlanOptions, PlanResult, register_planner
-from dtr.sim.schedule import _in_place_frees, sequence_profile, sequence_steps
+from dtr.sim.schedule import COMPUTE, _in_place_frees, sequence_profile, sequence_steps
 
 __all__ = ["plan_checkmate", "plan_checkmate_lp", "build_ilp", "IlpModel", "stage_bounds", "choose_group",
            "round_forward"]
@@ -87,7 +87,11 @@ __all__ = ["plan_checkmate", "plan_checkmate_lp", "build_ilp", "IlpModel", "stag
 # What is returned on the limit is the best schedule found so far within
 # the budget: HiGHS's incumbent, else the cheapest rounding of the LP, else
 # the heuristic warm start (``timeout`` with a gap, see Note [ILP incumbents
-# and gaps]); nothing at all only when none of them exists.
+# and gaps]); nothing at all only when none of them exists. The model sizes
+# assume a solver speed (COLS_PER_ROOT_SECOND) that a loaded machine may not
+# have: when the first LP of ``checkmate-lp`` runs out of its share
+# (LP_TIME of the time left), a model four times coarser (about 1/16 of
+# the solve time) gets the rest.
 #
 # Note [ILP incumbents and gaps]
 # ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -119,19 +123,33 @@ __all__ = ["plan_checkmate", "plan_checkmate_lp", "build_ilp", "IlpModel", "stag
 # ~~~~~~~~~~~~~~~~~~~~~~
 # ``checkmate-lp`` solves the LP relaxation and rounds it in two phases
 # (Checkmate's scheme): round S, then take the least R that the rounded S
-# needs (``round_forward``: stage by stage, compute the stage's nodes and
-# the inputs that are not resident, in index order; a rounded S = 1 for a
-# value that is not available is dropped, not recomputed). S is rounded
-# with per-node thresholds (keep i into stage s when S*[s,i] > tau_i): 19
-# uniform thresholds 0.05..0.95, ``rounds`` random per-node thresholds, and
+# needs (``round_forward``: stage by stage, compute each of the stage's
+# nodes right after the inputs it lacks, so that a grouped stage does not
+# hold all its recomputations at once; a rounded S = 1 for a value that is
+# not available is dropped, not recomputed). S is rounded
+# with per-node thresholds (keep i into stage s when S*[s,i] > tau_i): 20
+# uniform thresholds 0.05..1, ``rounds`` random per-node thresholds, and
 # ``rounds`` independent Bernoulli(S*) draws; then a local search over the
 # per-node thresholds of the best rounding, on the nodes whose S* is
 # fractional somewhere (each tried at -1, 0.1..0.9, 1; up to 3 passes),
 # within the deadline. The cheapest rounding whose schedule fits the budget
-# is kept. When none fits, the LP is solved again with its memory rows
+# is kept. The LP's integrality gap is large on real logs (on resnet32 from
+# logs/ at 50% the LP costs 1.007x while every threshold rounding peaks 6 to
+# 29% over the budget; the model's memory is exact for a rounded schedule),
+# so the ``REPAIRS`` cheapest roundings over the budget are repaired before
+# the local search: at the peak's stage, of the kept values that the stage
+# does not read before the peak, the REPAIR_LOOKAHEAD with the most bytes
+# per unit of their node's cost are each dropped from that stage on
+# (recomputed where next needed, with whatever that needs in turn) and the
+# rounding redone; the one with the least extra cost per byte of peak saved
+# is kept, until the schedule fits or nothing left lowers the peak.
+# When none fits, the LP is solved again with its memory rows
 # tightened (0.85, then 0.7 of the budget), as Checkmate does, while time
 # is left: the model's memory over-approximation then leaves room for the
-# rounding's own excess.
+# rounding's own excess. When the model was grouped and time is left, a
+# finer grouping (sized from the LP time just measured, which grows about
+# with the square of the columns) is solved and rounded too; the cheapest
+# rounding of all the models is kept.
 
 #: R and S columns per square root of a second of solving (Note [A sparse model that scales]).
 COLS_PER_ROOT_SECOND = 1800
@@ -139,6 +157,12 @@ COLS_PER_ROOT_SECOND = 1800
 MIN_STAGES = 8
 #: Models up to this many nonzeros get their incumbent checked against the ILP (_verify_point).
 VERIFY_NNZ = 400_000
+#: Share of the time left that the first LP of a model may take (the rest: rounding, or a coarser model).
+LP_TIME = 0.6
+#: Roundings over the budget (the cheapest) that the rounding repairs (Note [Rounding the LP]).
+REPAIRS = 4
+#: Values the repair tries at each step (the most bytes per unit of cost first).
+REPAIR_LOOKAHEAD = 6
 #: Share of the time limit the ILP spends on its LP-rounding incumbent.
 LP_SHARE = 0.4
 #: Share of the time limit the ILP's heuristic incumbents (Chen's grid) may take.
@@ -713,9 +737,10 @@ def round_forward(pg: PlanGraph, keep: Callable[[int, int], bool], bounds: Optio
 
     ``keep(s, i)`` says whether node i's values, available at the end of
     stage s-1 (resident before, or computed in it), stay resident into stage
-    s. Stage s computes its own nodes and, recursively, every node with a
-    value they read that is not resident (in index order); what it computed
-    is available for ``keep``. A rounded S = 1 for a value that is not
+    s. Stage s computes its own nodes in order, each right after the nodes
+    (recursively) with a value it reads that is not resident, in index order;
+    what the stage computed stays usable to its end (each storage is still
+    freed at its last use) and is available for ``keep``. A rounded S = 1 for a value that is not
     available is dropped instead of recomputed (the cheapest repair). Wanted
     values missing at the end are recomputed last.
 
@@ -729,8 +754,14 @@ def round_forward(pg: PlanGraph, keep: Callable[[int, int], bool], bounds: Optio
     return _round(pg, vals, b, lambda s, avail: {u for u in avail if keep(s, vals.node[u])})
 
 
-def _round(pg: PlanGraph, vals: _Values, b: Sequence[int], kept: Callable[[int, Set[int]], Set[int]]) -> List[int]:
-    """:func:`round_forward` over values: ``kept(s, available values of non-constants)`` is the rounded S."""
+def _round(pg: PlanGraph, vals: _Values, b: Sequence[int], kept: Callable[[int, Set[int]], Set[int]],
+           trace: Optional[List[Tuple[int, Set[int]]]] = None) -> List[int]:
+    """:func:`round_forward` over values: ``kept(s, available values of non-constants)`` is the rounded S.
+
+    Args:
+        trace: if given, gets per stage (and for the final recomputation)
+            the position where it starts and the values resident then.
+    """
     pinned = pg.pinned
     reads, v_node, of_node = vals.reads, vals.node, vals.of_node
     resident: Set[int] = set()
@@ -750,15 +781,83 @@ def _round(pg: PlanGraph, vals: _Values, b: Sequence[int], kept: Callable[[int, 
     T = len(b) - 1
     consts: Set[int] = set()
     for s in range(T):
-        need = closure(range(b[s], b[s + 1]))
-        seq.extend(need)
+        if trace is not None:
+            trace.append((len(seq), set(resident)))
         avail = {u for u in resident if u not in consts}
-        for i in need:
-            (consts if pinned[i] else avail).update(of_node[i])
+        for t in range(b[s], b[s + 1]):  # each node's missing inputs just before it
+            need = closure((t,))
+            seq.extend(need)
+            for i in need:
+                (consts if pinned[i] else avail).update(of_node[i])
+                resident.update(of_node[i])
         resident = kept(s + 1, avail) | consts
+    if trace is not None:
+        trace.append((len(seq), set(resident)))
     missing = {v_node[u] for u, wanted in enumerate(vals.at_end) if wanted and u not in resident}
     seq.extend(closure(missing))
     return seq
+
+
+def _repair(pg: PlanGraph, vals: _Values, b: Sequence[int], kept: Callable[[int, Set[int]], Set[int]],
+            budget: int, deadline: float) -> Optional[Tuple[float, int, List[int]]]:
+    """Drop kept values at the peak until a rounding fits (Note [Rounding the LP]).
+
+    Returns:
+        (cost, peak, sequence) within the budget, or None (nothing left to
+        drop, or the deadline).
+    """
+    banned: Dict[int, Set[int]] = {}
+    reads, v_node, v_mem, pinned = vals.reads, vals.node, vals.mem, pg.pinned
+    mem, size, cost_of = pg.mem, pg.graph.storage_size, pg.cost
+
+    def kept2(s: int, avail: Set[int]) -> Set[int]:
+        out = kept(s, avail)
+        ban = banned.get(s)
+        return out - ban if ban else out
+
+    def measure(trace: Optional[List[Tuple[int, Set[int]]]]) -> Tuple[float, int, int, List[int]]:
+        seq = _round(pg, vals, b, kept2, trace)
+        cur = peak = 0
+        cost = 0.0
+        at = pos = -1
+        for kind, x in sequence_steps(pg, seq):
+            if kind == COMPUTE:
+                pos += 1
+                cur += mem[x]
+                cost += cost_of[x]
+                if cur > peak:
+                    peak, at = cur, pos
+            else:
+                cur -= size[x]
+        return cost, peak, at, seq
+
+    trace: List[Tuple[int, Set[int]]] = []
+    cost, peak, at, seq = measure(trace)
+    while peak > budget and time.perf_counter() < deadline:
+        s = bisect_right([t[0] for t in trace], at) - 1
+        used = {u for v in seq[trace[s][0]:at + 1] for u in reads[v]}
+        cands = [u for u in trace[s][1] if u not in used and not pinned[v_node[u]] and v_mem[u] > 0]
+        if not cands:
+            return None
+        cands.sort(key=lambda u: v_mem[u] / (cost_of[v_node[u]] + 1e-9), reverse=True)
+        best = None  # (extra cost per byte saved, candidate, its result)
+        ban = banned.setdefault(s, set())
+        for u in cands[:REPAIR_LOOKAHEAD]:
+            ban.add(u)
+            c2, p2, a2, seq2 = measure(None)
+            ban.discard(u)
+            if p2 < peak:
+                score = (c2 - cost) / (peak - p2)
+                if best is None or score < best[0]:
+                    best = (score, u, (c2, p2, a2, seq2))
+        if best is None:
+            return None
+        ban.add(best[1])
+        trace = []
+        cost, peak, at, seq = measure(trace)
+    if peak <= budget:
+        return cost, peak, seq
+    return None
 
 
 @dataclass
@@ -788,6 +887,8 @@ def _round_lp(pg: PlanGraph, budget: int, model: IlpModel, x, options: PlanOptio
                 fractional.add(i)
     rng = random.Random(options.seed)
 
+    near: List[Tuple[float, int, Any]] = []  # the cheapest roundings over the budget, to repair
+
     def attempt(kept, taus=None) -> bool:
         seq = _round(pg, vals, b, kept)
         key = tuple(seq)
@@ -797,6 +898,10 @@ def _round_lp(pg: PlanGraph, budget: int, model: IlpModel, x, options: PlanOptio
         peak, cost = sequence_profile(pg, sequence_steps(pg, seq))
         state.tries += 1
         state.lowest = peak if state.lowest is None else min(state.lowest, peak)
+        if peak > budget and (state.best is None or cost < state.best[0]):
+            near.append((cost, state.tries, kept))
+            near.sort(key=lambda c: c[:2])
+            del near[REPAIRS:]
         if peak <= budget and (state.best is None or (cost, peak) < (state.best[0], state.best[1])):
             state.best = (cost, peak, seq)
             if taus is not None:
@@ -826,6 +931,13 @@ def _round_lp(pg: PlanGraph, budget: int, model: IlpModel, x, options: PlanOptio
             attempt(draw)
             continue
         attempt(per_value(taus), taus)
+    for k, (cost, _, kept) in enumerate(list(near)):
+        now = time.perf_counter()
+        if state.best is not None and cost >= state.best[0]:
+            continue
+        fixed = _repair(pg, vals, b, kept, budget, now + (deadline - now) / (2 * (len(near) - k)))
+        if fixed is not None and (state.best is None or fixed[:2] < state.best[:2]):
+            state.best = fixed
     grid = (-1.0, 0.1, 0.3, 0.5, 0.7, 0.9, 1.0)
     order = sorted(fractional)
     for _ in range(3):
@@ -858,23 +970,28 @@ def _solve_lp(model: IlpModel, time_limit: float, mem_factor: float = 1.0):
                 integrality=None, options={"time_limit": float(max(0.2, time_limit)), "disp": False})
 
 
-def _lp_rounding(pg: PlanGraph, budget: int, model: IlpModel, options: PlanOptions,
-                 deadline: float) -> Tuple[_Rounding, str, Optional[float]]:
+def _lp_rounding(pg: PlanGraph, budget: int, model: IlpModel, options: PlanOptions, deadline: float,
+                 state: Optional[_Rounding] = None) -> Tuple[_Rounding, str, Optional[float], float]:
     """Solve the LP and round it, tightening the memory rows when nothing fits; until ``deadline``.
+
+    Args:
+        state: the roundings so far (a coarser model's), kept and improved on.
 
     Returns:
         The rounding state, the LP's outcome (``ok``, ``infeasible``,
-        ``timeout``) and the LP bound (None without one).
+        ``timeout``), the LP bound (None without one) and the first LP's seconds.
     """
-    state = _Rounding()
+    state = state if state is not None else _Rounding()
     outcome, bound = "timeout", None
+    first_lp = 0.0
     for factor in (1.0, 0.85, 0.7):
         left = deadline - time.perf_counter()
         if left <= 0.2:
             break
         t_lp = time.perf_counter()
-        res = _solve_lp(model, left * (0.7 if factor == 1.0 else 0.8), factor)
+        res = _solve_lp(model, left * (LP_TIME if factor == 1.0 else 0.8), factor)
         lp_seconds = time.perf_counter() - t_lp
+        first_lp = first_lp or lp_seconds
         if res.status == 2:
             if factor == 1.0:
                 outcome = "infeasible"
@@ -886,7 +1003,18 @@ def _lp_rounding(pg: PlanGraph, budget: int, model: IlpModel, options: PlanOptio
         _round_lp(pg, budget, model, res.x, options, deadline, state)
         if state.best is not None or deadline - time.perf_counter() < 1.5 * lp_seconds:
             break
-    return state, outcome, bound
+    return state, outcome, bound, first_lp
+
+
+def _finer_group(pg: PlanGraph, group: int, window: int, cap: int) -> Optional[int]:
+    """The finest of group/2, group/4, ... whose R and S columns stay under ``cap`` (None: not even group/2)."""
+    vals = _values(pg)
+    best = None
+    g = group // 2
+    while g >= 1 and _columns(pg, vals, g, window, limit=cap) is not None:
+        best = g
+        g //= 2
+    return best
 
 
 def _deadline(options: PlanOptions) -> Tuple[float, float]:
@@ -934,7 +1062,7 @@ def plan_checkmate(pg: PlanGraph, budget: int, options: PlanOptions) -> PlanResu
     inc = None  # (cost, name, seq, in the ILP's space)
     if options.warm_start:
         left = deadline - time.perf_counter()
-        state, _, _ = _lp_rounding(pg, budget, model, options, time.perf_counter() + LP_SHARE * left)
+        state, _, _, _ = _lp_rounding(pg, budget, model, options, time.perf_counter() + LP_SHARE * left)
         if state.best is not None:
             incs.append((state.best[0], "LP rounding", state.best[2]))
             incs.sort(key=lambda c: c[0])
@@ -1017,14 +1145,35 @@ def plan_checkmate_lp(pg: PlanGraph, budget: int, options: PlanOptions) -> PlanR
     t0, deadline = _deadline(options)
     if pg.pinned_bytes > budget:
         return PlanResult("checkmate-lp", "infeasible", None, message="the constants alone exceed the budget")
-    group, window, fits = choose_group(pg, 0.6 * (deadline - time.perf_counter()))
+    group, window, fits = choose_group(pg, 0.5 * (deadline - time.perf_counter()))
     if not fits:
         return PlanResult("checkmate-lp", "timeout", None,
                           message=f"the model over {math.ceil(pg.n / group)} stages is too large for this time "
                                   f"limit (no model built)")
     model = build_ilp(pg, budget, group, window)
-    state, outcome, bound = _lp_rounding(pg, budget, model, options, deadline)
-    size = model.size()
+    state, outcome, bound, lp_seconds = _lp_rounding(pg, budget, model, options, deadline)
+    coarsest = max(1, math.ceil(pg.n / MIN_STAGES))
+    if outcome == "timeout" and model.group < coarsest:
+        # the machine is slower than COLS_PER_ROOT_SECOND assumes: a model 4x coarser solves in about 1/16
+        model = build_ilp(pg, budget, min(coarsest, 4 * model.group), window)
+        state, outcome, bound, lp_seconds = _lp_rounding(pg, budget, model, options, deadline, state)
+    coarser = ""
+    # Note [Rounding the LP]: time left after a coarse model goes to a finer one
+    while outcome in ("ok", "infeasible") and not model.exact and lp_seconds > 0:
+        left = deadline - time.perf_counter()
+        if left < 3 * lp_seconds:
+            break
+        cap = int((model.num_r + model.num_s) * math.sqrt(0.5 * left / max(lp_seconds, 0.05)))
+        finer = _finer_group(pg, model.group, window, cap)
+        if finer is None:
+            break
+        m2 = build_ilp(pg, budget, finer, window)
+        state, out2, bound2, lp2 = _lp_rounding(pg, budget, m2, options, deadline, state)
+        if out2 == "timeout":
+            break
+        coarser += f"{model.group}, "
+        model, outcome, bound, lp_seconds = m2, out2, bound2, lp2
+    size = model.size() + (f" (after stages of {coarser.rstrip(', ')})" if coarser else "")
     if outcome == "infeasible":
         if model.exact:
             return PlanResult("checkmate-lp", "infeasible", None, message=f"{size}; the LP relaxation is infeasible")
