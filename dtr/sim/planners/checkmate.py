@@ -25,58 +25,83 @@ __all__ = ["plan_checkmate", "plan_checkmate_lp", "build_ilp", "IlpModel", "stag
 # Nodes 0..n-1 in the log's order, cut into stages: stage s introduces the
 # nodes b_s..e_s-1 (e_s = b_{s+1}; one node per stage is Checkmate's own
 # model, Note [A sparse model that scales] groups them) and ends with the
-# first computation of e_s - 1. Binary R[s,i]: node i computed during stage
-# s (in index order within the stage; R[s,i] = 1 for the stage's own nodes);
-# S[s,i] (i < b_s, plus a final row s = T): i resident when stage s starts;
-# FREE[s,i,k]: i freed right after computing k in stage s (k = i or a user
-# of i); continuous U[s,k]: memory after computing k in stage s, before its
-# frees.
-#   R[s,k] <= R[s,d] + S[s,d] for each input d of k;
-#   S[s+1,i] <= S[s,i] + R[s,i]; S[T,i] = 1 for nodes referenced at the end;
-#   FREE[s,i,k] = R[s,k] (1 - S[s+1,i]) prod_{users j of i, k < j < e_s} (1 - R[s,j]),
-#     as its upper bounds only: FREE <= R[s,k], FREE <= 1 - S[s+1,i],
+# first computation of e_s - 1. Residency is tracked per value (Note
+# [Values, not nodes]): a node's storages grouped by their readers. Binary
+# R[s,i]: node i computed during stage s (in index order within the stage;
+# R[s,i] = 1 for the stage's own nodes); S[s,v] (plus a final row s = T):
+# value v resident when stage s starts; FREE[s,v,k]: v freed right after
+# computing k in stage s (k = v's node or a reader of v); continuous
+# U[s,k]: memory after computing k in stage s, before its frees.
+#   R[s,k] <= R[s,d] + S[s,v] for each value v of node d that k reads;
+#   S[s+1,v] <= S[s,v] + R[s,node(v)]; S[T,v] = 1 for values referenced at the end;
+#   FREE[s,v,k] = R[s,k] (1 - S[s+1,v]) prod_{readers j of v, k < j < e_s} (1 - R[s,j]),
+#     as its upper bounds only: FREE <= R[s,k], FREE <= 1 - S[s+1,v],
 #     FREE <= 1 - R[s,j] (a free only lowers memory, so nothing gains by a
 #     smaller FREE and the lower bound of the product is not needed; the
 #     per-factor bounds are tighter in the LP than Checkmate's aggregated
 #     hazard count);
-#   U[s,first k] = C_s + sum_i m_i S[s,i] + m_k R[s,k];
-#   U[s,k] = U[s,k'] - sum_i m_i FREE[s,i,k'] + m_k R[s,k] (k' the previous k);
+#   U[s,first k] = C_s + sum_v m_v S[s,v] + m_k R[s,k];
+#   U[s,k] = U[s,k'] - sum_v m_v FREE[s,v,k'] + m_k R[s,k] (k' the previous k;
+#     the bytes an in-place write takes over are freed at k itself, as
+#     dtr.sim.schedule's Note [Planned frees] does);
 #   U[s,k] <= budget; minimize sum c_i R[s,i].
 # Constants are resident from their stage on, never freed or recomputed: no
-# variables, their bytes are the constant C_s. The memory model counts a
-# node's storages as one block and frees it after its last use in a stage,
-# so it is at most the schedule's real peak (the schedule built from R frees
-# each storage at its own last use). Memory is scaled by the budget (U <= 1)
-# for numerics. ``optimal`` is reported only when HiGHS proves optimality
-# with mip_rel_gap <= 1e-6 on the one-node-per-stage model; on the time
-# limit with an incumbent the status is ``ok`` and ``gap`` is HiGHS's
-# relative gap.
+# variables, their bytes are the constant C_s (a constant the log drops is
+# still counted: the schedule frees it, so the model is conservative there).
+# Memory is scaled by the budget (U <= 1) for numerics. ``optimal`` is
+# reported only when HiGHS proves optimality with mip_rel_gap <= 1e-6 on
+# the one-node-per-stage model without a window; on the time limit with an
+# incumbent the status is ``ok`` and ``gap`` is HiGHS's relative gap.
+#
+# Note [Values, not nodes]
+# ~~~~~~~~~~~~~~~~~~~~~~~~
+# A planning node may own several storages with different readers (a
+# batch norm's output, read by the next layer, and its saved statistics,
+# read by the backward pass); the schedule frees each storage after its own
+# last use. A model that keeps a node's bytes as one block until its last
+# reader counted, on resnet32 at the peak of the plain order, 0.87 of the
+# peak where the schedule holds 0.49, and needed recomputation even at 100%
+# of the peak. The S and FREE variables are therefore per value: the
+# storages of one node that have the same readers (rockmate.txt appendix B
+# makes the same split of multi-output operators). R stays per node
+# (computing a node makes all its values). With this, the model's memory
+# for a rounded schedule is the evaluator's peak, to the byte, on the
+# published logs.
 #
 # Note [A sparse model that scales]
 # ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 # Checkmate's model has Theta(n^2) variables (n R and S per stage, and a
-# FREE per stage and edge): 450,000 variables and 1.8 million nonzeros on
-# resnet32 (493 nodes), hundreds of millions on the LSTM logs. Three things
-# keep it small:
-# - variables that cannot matter are never created (not created at 0 and
-#   left to presolve): R[s,i] only for i an ancestor of the stage's own nodes
-#   (a restriction of Checkmate's space: a value computed in a stage is one
-#   that stage reads; rounding builds the same kind of schedule), never for
-#   a constant; S[s,i] only while i has a user at or after b_s (or is
-#   referenced at the end) and was available in stage s-1; FREE[s,i,k] only
-#   when no node of the stage itself (R fixed at 1) reads i after k and i is
-#   not kept to the end; a FREE with no hazard at all is the constant 1 and
-#   moves into the memory row's right-hand side;
+# FREE per stage and edge): 448,320 variables, 509,354 rows and 1.85
+# million nonzeros on resnet32 (493 nodes), hundreds of millions on the
+# LSTM logs. Four things keep it small:
+# - variables that cannot matter are never created (rather than created at
+#   0 and left to presolve): R[s,i] only for i an ancestor of the stage's
+#   own nodes (a restriction of Checkmate's space: a value computed in a
+#   stage is one that stage reads; rounding builds the same kind of
+#   schedule), never for a constant; S[s,v] only while v has a reader at or
+#   after b_s (or is referenced at the end) and was available in stage s-1;
+#   FREE[s,v,k] only when no node of the stage itself (R fixed at 1) reads v
+#   after k and v is not kept to the end; a FREE with no hazard at all is
+#   the constant 1 and moves into the memory row's right-hand side (on
+#   resnet32 with one node per stage: 164,387 variables, 681,610 nonzeros);
 # - rows are assembled into flat index lists and one CSR matrix, without
 #   per-entry tuples or dictionaries of the full triangle;
+# - a recomputation window: on large graphs a stage may recompute only the
+#   ancestors within ``default_window`` hops (2 sqrt(n) + 2, at least 16) of
+#   its own nodes; farther ones must be kept (S). A restriction, said in
+#   the model's size message ("windowed");
 # - stages are grouped (``choose_group``): g consecutive nodes per stage
-#   divide the stage count, hence the model, by about g. The grouped model
-#   computes a node at most once per stage, in index order, so it is a
-#   restriction again: a proven optimum of a grouped model is reported
-#   ``ok`` (optimal over the grouping, said in the message), never
-#   ``optimal``. g is the smallest that keeps the estimated R count under a
-#   cap that grows with the time limit (R_PER_SECOND), so a short time limit
-#   gets a coarse model that HiGHS can solve and a long one a fine model.
+#   divide the stage count, hence the model, by about g. A grouped schedule
+#   is also a schedule of the one-node-per-stage model (its recomputations
+#   all fall in the stage of its first node), so grouping is a restriction
+#   too: a proven optimum of a grouped or windowed model is reported ``ok``
+#   (optimal over the grouping, said in the message), never ``optimal``. g
+#   is the smallest power of two that keeps the R and S columns under a cap
+#   that grows with the time given to the solver (COLS_PER_ROOT_SECOND *
+#   sqrt(seconds): HiGHS's simplex time grew about with the square of the
+#   model on these graphs), so a short time limit gets a coarse model that
+#   HiGHS can solve and a long one a fine model; at least MIN_STAGES stages,
+#   and when even that is over the cap no model is built.
 #
 # Note [Time limits that hold]
 # ~~~~~~~~~~~~~~~~~~~~~~~~~~~~
