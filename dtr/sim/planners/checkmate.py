@@ -115,8 +115,8 @@ __all__ = ["plan_checkmate", "plan_checkmate_lp", "build_ilp", "IlpModel", "stag
 # and gaps]); nothing at all only when none of them exists. The model sizes
 # assume a solver speed (COLS_PER_ROOT_SECOND) that a loaded machine may not
 # have: when the first LP of ``checkmate-lp`` runs out of its share
-# (LP_TIME of the time left), a model four times coarser (about 1/16 of
-# the solve time) gets the rest.
+# (LP_TIME of the time left), a model twice as coarse (about 1/4 of the
+# solve time) gets the rest.
 #
 # Note [ILP incumbents and gaps]
 # ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -188,8 +188,8 @@ LP_TIME = 0.6
 REPAIRS = 4
 #: Values the repair tries at each step (the most bytes per unit of cost first).
 REPAIR_LOOKAHEAD = 6
-#: Share of the time limit the ILP spends on its LP-rounding incumbent.
-LP_SHARE = 0.4
+#: Share of the time limit the ILP spends on its LP-rounding incumbent (``checkmate-lp``'s search).
+LP_SHARE = 0.5
 #: Share of the time limit the ILP's heuristic incumbents (Chen's grid) may take.
 HEURISTIC_SHARE = 0.2
 #: The ILP's model is sized for this share of the time limit (as an LP; the MILP needs more).
@@ -1042,6 +1042,47 @@ def _finer_group(pg: PlanGraph, group: int, window: int, cap: int) -> Optional[i
     return best
 
 
+def _lp_search(pg: PlanGraph, budget: int, options: PlanOptions,
+               deadline: float) -> Tuple[_Rounding, Optional[IlpModel], str, Optional[float], str]:
+    """The LP rounding of ``checkmate-lp`` until ``deadline``: coarse first, finer with the time left.
+
+    See Note [Rounding the LP] and Note [Time limits that hold].
+
+    Returns:
+        The roundings, the last model solved (None: no model fits the time;
+        the last string then says why), the LP's outcome on it, its bound,
+        and the coarser groupings solved before it.
+    """
+    group, window, fits = choose_group(pg, 0.5 * (deadline - time.perf_counter()))
+    if not fits:
+        return (_Rounding(), None, "timeout", None,
+                f"the model over {math.ceil(pg.n / group)} stages is too large for this time limit (no model built)")
+    model = build_ilp(pg, budget, group, window)
+    state, outcome, bound, lp_seconds = _lp_rounding(pg, budget, model, options, deadline)
+    coarsest = max(1, math.ceil(pg.n / MIN_STAGES))
+    if outcome == "timeout" and model.group < coarsest:
+        # the machine is slower than COLS_PER_ROOT_SECOND assumes: a model 2x coarser solves in about 1/4
+        model = build_ilp(pg, budget, min(coarsest, 2 * model.group), window)
+        state, outcome, bound, lp_seconds = _lp_rounding(pg, budget, model, options, deadline, state)
+    coarser = ""
+    # Note [Rounding the LP]: time left after a coarse model goes to a finer one
+    while outcome in ("ok", "infeasible") and not model.exact and lp_seconds > 0:
+        left = deadline - time.perf_counter()
+        if left < 3 * lp_seconds:
+            break
+        cap = int((model.num_r + model.num_s) * math.sqrt(0.5 * left / max(lp_seconds, 0.05)))
+        finer = _finer_group(pg, model.group, window, cap)
+        if finer is None:
+            break
+        m2 = build_ilp(pg, budget, finer, window)
+        state, out2, bound2, lp2 = _lp_rounding(pg, budget, m2, options, deadline, state)
+        if out2 == "timeout":
+            break
+        coarser += f"{model.group}, "
+        model, outcome, bound, lp_seconds = m2, out2, bound2, lp2
+    return state, model, outcome, bound, coarser
+
+
 def _deadline(options: PlanOptions) -> Tuple[float, float]:
     """Start and deadline of a planner call (a small reserve for returning)."""
     t0 = time.perf_counter()
@@ -1071,9 +1112,15 @@ def plan_checkmate(pg: PlanGraph, budget: int, options: PlanOptions) -> PlanResu
         return PlanResult("checkmate", "infeasible", None, message="the constants alone exceed the budget")
     incs = heuristic_incumbents(pg, budget, options, t0 + HEURISTIC_SHARE * (deadline - t0)) \
         if options.warm_start else []
+    if options.warm_start:
+        left = deadline - time.perf_counter()
+        state, _, _, _, _ = _lp_search(pg, budget, options, time.perf_counter() + LP_SHARE * left)
+        if state.best is not None:
+            incs.append((state.best[0], "LP rounding", state.best[2]))
+            incs.sort(key=lambda c: c[0])
     group, window, fits = choose_group(pg, ILP_SHARE * (deadline - time.perf_counter()))
     if not fits:
-        why = (f"the model over {math.ceil(pg.n / group)} stages is too large for this time limit "
+        why = (f"the model over {math.ceil(pg.n / group)} stages is too large for the time left "
                f"(no model built)")
         if incs:
             cost, name, seq = incs[0]
@@ -1085,12 +1132,6 @@ def plan_checkmate(pg: PlanGraph, budget: int, options: PlanOptions) -> PlanResu
     exact = model.exact
     size = model.size()
     inc = None  # (cost, name, seq, in the ILP's space)
-    if options.warm_start:
-        left = deadline - time.perf_counter()
-        state, _, _, _ = _lp_rounding(pg, budget, model, options, time.perf_counter() + LP_SHARE * left)
-        if state.best is not None:
-            incs.append((state.best[0], "LP rounding", state.best[2]))
-            incs.sort(key=lambda c: c[0])
     for cost, name, seq in incs:
         ok = False
         left = deadline - time.perf_counter()
@@ -1170,46 +1211,21 @@ def plan_checkmate_lp(pg: PlanGraph, budget: int, options: PlanOptions) -> PlanR
     t0, deadline = _deadline(options)
     if pg.pinned_bytes > budget:
         return PlanResult("checkmate-lp", "infeasible", None, message="the constants alone exceed the budget")
-    group, window, fits = choose_group(pg, 0.5 * (deadline - time.perf_counter()))
-    if not fits:
-        return PlanResult("checkmate-lp", "timeout", None,
-                          message=f"the model over {math.ceil(pg.n / group)} stages is too large for this time "
-                                  f"limit (no model built)")
-    model = build_ilp(pg, budget, group, window)
-    state, outcome, bound, lp_seconds = _lp_rounding(pg, budget, model, options, deadline)
-    coarsest = max(1, math.ceil(pg.n / MIN_STAGES))
-    if outcome == "timeout" and model.group < coarsest:
-        # the machine is slower than COLS_PER_ROOT_SECOND assumes: a model 4x coarser solves in about 1/16
-        model = build_ilp(pg, budget, min(coarsest, 4 * model.group), window)
-        state, outcome, bound, lp_seconds = _lp_rounding(pg, budget, model, options, deadline, state)
-    coarser = ""
-    # Note [Rounding the LP]: time left after a coarse model goes to a finer one
-    while outcome in ("ok", "infeasible") and not model.exact and lp_seconds > 0:
-        left = deadline - time.perf_counter()
-        if left < 3 * lp_seconds:
-            break
-        cap = int((model.num_r + model.num_s) * math.sqrt(0.5 * left / max(lp_seconds, 0.05)))
-        finer = _finer_group(pg, model.group, window, cap)
-        if finer is None:
-            break
-        m2 = build_ilp(pg, budget, finer, window)
-        state, out2, bound2, lp2 = _lp_rounding(pg, budget, m2, options, deadline, state)
-        if out2 == "timeout":
-            break
-        coarser += f"{model.group}, "
-        model, outcome, bound, lp_seconds = m2, out2, bound2, lp2
+    state, model, outcome, bound, coarser = _lp_search(pg, budget, options, deadline)
+    if model is None:
+        return PlanResult("checkmate-lp", "timeout", None, message=coarser)
     size = model.size() + (f" (after stages of {coarser.rstrip(', ')})" if coarser else "")
+    lp = "" if bound is None else f"; LP bound {bound:g}"
+    if state.best is not None:
+        return PlanResult("checkmate-lp", "ok", tuple(state.best[2]), predicted_cost=state.best[0],
+                          message=f"{size}{lp}; best of {state.tries} roundings")
     if outcome == "infeasible":
         if model.exact:
             return PlanResult("checkmate-lp", "infeasible", None, message=f"{size}; the LP relaxation is infeasible")
         return PlanResult("checkmate-lp", "timeout", None,
                           message=f"{size}; the LP is infeasible at the grouping this time limit allows (a longer "
                                   f"one gives finer stages)")
-    if state.best is None:
-        if outcome == "timeout":
-            return PlanResult("checkmate-lp", "timeout", None, message=f"{size}; the LP did not finish in time")
-        return PlanResult("checkmate-lp", "oom", None,
-                          message=f"{size}; no rounding of {state.tries} fits; lowest peak {state.lowest} bytes; "
-                                  f"LP bound {bound:g}")
-    return PlanResult("checkmate-lp", "ok", tuple(state.best[2]), predicted_cost=state.best[0],
-                      message=f"{size}; LP bound {bound:g}; best of {state.tries} roundings")
+    if outcome == "timeout":
+        return PlanResult("checkmate-lp", "timeout", None, message=f"{size}; the LP did not finish in time")
+    return PlanResult("checkmate-lp", "oom", None,
+                      message=f"{size}; no rounding of {state.tries} fits; lowest peak {state.lowest} bytes{lp}")
