@@ -123,14 +123,17 @@ __all__ = ["plan_checkmate", "plan_checkmate_lp", "build_ilp", "IlpModel", "stag
 # HiGHS alone rarely finds a feasible point of the ILP on graphs of
 # hundreds of nodes within minutes. scipy's milp takes no start solution,
 # so the planner (with ``options.warm_start``) first collects incumbents:
-# Rotor's and Chen's plans within the budget, and a rounding of the LP
-# relaxation of the same model (within a share of the time limit). The
-# cheapest one's cost C becomes an objective cutoff row sum c R <= C -
-# delta (delta 0.5 for integral costs, else a relative 1e-7): HiGHS
-# searches only for strictly cheaper schedules, and its bound pruning works
-# from the start. Whether the incumbent is in the ILP's space is checked
-# (``ilp_point`` maps it to R/S, ``_verify_point`` fixes them and asks the
-# solver for the rest) only on small models. Outcomes:
+# Rotor's and Chen's plans within the budget (Chen's grid within
+# HEURISTIC_SHARE of the time limit), and ``checkmate-lp``'s best rounding
+# (its whole search, within LP_SHARE of the time left); the ILP's own
+# model is then sized for ILP_SHARE of the time left (a coarser model than
+# the LP's: branch and bound needs many LP solves). The cheapest one's
+# cost C becomes an objective cutoff row sum c R <= C - delta (delta 0.5
+# for integral costs, else a relative 1e-7): HiGHS searches only for
+# strictly cheaper schedules, and its bound pruning works from the start.
+# Whether the incumbent is in the ILP's space is checked (``ilp_point``
+# maps it to R/S, ``_verify_point`` fixes them and asks the solver for the
+# rest) only on small models. Outcomes:
 # - HiGHS finds a solution: ``optimal`` (proven, gap <= 1e-6, one node per
 #   stage) or ``ok`` (time limit; HiGHS's own relative gap);
 # - HiGHS proves the cut-off model infeasible: nothing in the ILP is cheaper
