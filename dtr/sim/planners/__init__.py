@@ -27,8 +27,11 @@ __all__ = ["PlanOptions", "PlanResult", "register_planner", "get_planner", "plan
 #: Statuses a planner reports (docs/planners.md): ``optimal`` (proven, gap
 #: tolerance <= 1e-6), ``ok`` (a schedule within the budget), ``infeasible``
 #: (proven: nothing in the planner's space fits the budget, e.g. the constants
-#: alone exceed it), ``timeout`` (the time limit passed: no schedule, or for
-#: the ILP the heuristic incumbent it could not improve on, with a gap),
+#: alone exceed it, or the budget is below the memory every schedule needs:
+#: :mod:`dtr.sim.planners.bounds`), ``timeout`` (the time limit passed before
+#: a schedule was found, or before the model this time limit allows could be
+#: built or proven feasible: ``chen``'s grid, ``checkmate-lp``; for the ILP,
+#: with the best incumbent it could not improve on and a gap),
 #: ``oom`` (a heuristic search, ``chen``, ``fastsa``, ``checkmate-lp``'s
 #: rounding or ``hierarchical``, found no plan within the budget; one may
 #: still exist), ``n/a``
