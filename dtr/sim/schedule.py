@@ -24,7 +24,7 @@ from dtr.errors import DtrError
 from dtr.sim.graph import Graph, PlanGraph
 
 __all__ = ["COMPUTE", "FREE", "Step", "Schedule", "Evaluation", "ScheduleError", "evaluate", "sequence_steps",
-           "sequence_profile", "expand", "plan_schedule", "load_schedule", "save_schedule"]
+           "sequence_profile", "in_place_frees", "expand", "plan_schedule", "load_schedule", "save_schedule"]
 
 COMPUTE = "compute"
 FREE = "free"
@@ -272,7 +272,7 @@ def sequence_steps(pg: PlanGraph, seq: Sequence[int]) -> List[Step]:
         q = latest[owner[s]]
         if q >= 0:
             last_use[q][s] = keep
-    in_place = _in_place_frees(pg)
+    in_place = in_place_frees(pg)
     frees: List[List[int]] = [[] for _ in range(len(seq))]
     before: List[List[int]] = [[] for _ in range(len(seq))]
     for p, v in enumerate(seq):
@@ -304,7 +304,7 @@ def sequence_steps(pg: PlanGraph, seq: Sequence[int]) -> List[Step]:
 # place), so their plans are, if anything, below the budget they aimed for.
 
 
-def _in_place_frees(pg: PlanGraph) -> List[frozenset]:
+def in_place_frees(pg: PlanGraph) -> List[frozenset]:
     """Per node, the storages its first operator overwrites in place and no later operator of it reads."""
     g = pg.graph
     overwrites = g.op_overwrites

@@ -15,7 +15,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 from dtr.sim.graph import PlanGraph
 from dtr.sim.planners import PlanOptions, PlanResult, register_planner
-from dtr.sim.schedule import COMPUTE, _in_place_frees, sequence_profile, sequence_steps
+from dtr.sim.schedule import COMPUTE, in_place_frees, sequence_profile, sequence_steps
 
 __all__ = ["plan_checkmate", "plan_checkmate_lp", "build_ilp", "IlpModel", "stage_bounds", "choose_group",
            "round_forward"]
@@ -537,7 +537,7 @@ def build_ilp(pg: PlanGraph, budget: int, group: int = 1, window: Optional[int] 
     free_of: List[List[Tuple[int, float, float]]] = [[] for _ in range(num_r)]
     freed_after = [0.0] * num_r
     freed_before = [0.0] * num_r
-    in_place = _in_place_frees(pg)
+    in_place = in_place_frees(pg)
     size = pg.graph.storage_size
     for col in range(num_r):
         s, k = r_stage[col], r_node[col]
