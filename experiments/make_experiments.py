@@ -312,7 +312,13 @@ def main(argv=None) -> int:
            "![chain memory traces](experiments/figures/chain_traces.png)", "",
            f"n = {TRACE_N}; rows are layers (layer 0 at the bottom), columns are computation steps; dark: the "
            "forward tensor resident, bright: its gradient resident.", ""]
-    args.out.write_text("\n".join(md))
+    text = "\n".join(md)
+    # The static planners' comparison (benchmarks/bench_compare_logs.py --update) is its own run: kept as it is.
+    begin, end = "<!-- compare-logs:begin -->", "<!-- compare-logs:end -->"
+    old = args.out.read_text() if args.out.exists() else ""
+    if begin in old and end in old:
+        text = text.rstrip("\n") + "\n\n" + old[old.index(begin):old.index(end) + len(end)] + "\n"
+    args.out.write_text(text)
     tmp.cleanup()
     print(f"[{time.perf_counter() - t0:6.1f}s] wrote {args.out} and {FIGURES}/*.png", file=sys.stderr)
     return 0
