@@ -11,61 +11,23 @@
 namespace dtr {
 namespace {
 
-// Range add / global max over A[0, n) (iterative, no lazy propagation: d[i] is what was added to the
-// whole subtree of internal node i, t[i] the max of its subtree including d[i]).
-class AddMaxTree {
+// Range add / a global fold over A[0, n) (iterative, no lazy propagation: d[i] is what was added to
+// the whole subtree of internal node i, t[i] the fold of its subtree including d[i]). Fold::join is an
+// associative "max-like" operation over which adding a constant distributes: max, or (fastsa.txt
+// appendix C.2) base-2 log-sum-exp, a smooth peak that feels every high slot, not only the highest.
+template <class T, class Fold>
+class RangeAddTree {
  public:
-  explicit AddMaxTree(int n) {
-    size_ = 1;
-    while (size_ < std::max(1, n)) size_ *= 2;
-    t_.assign(2 * size_, 0);
-    d_.assign(size_, 0);
-  }
-  // A[lo..hi] += v (inclusive).
-  void add(int lo, int hi, int64_t v) {
-    if (lo > hi || v == 0) return;
-    int l = lo + size_, r = hi + 1 + size_;
-    const int l0 = l, r0 = r - 1;
-    while (l < r) {
-      if (l & 1) {
-        t_[l] += v;
-        if (l < size_) d_[l] += v;
-        ++l;
-      }
-      if (r & 1) {
-        --r;
-        t_[r] += v;
-        if (r < size_) d_[r] += v;
-      }
-      l >>= 1;
-      r >>= 1;
-    }
-    pull(l0 >> 1);
-    pull(r0 >> 1);
-  }
-  int64_t max() const { return t_[1]; }
-
- private:
-  void pull(int i) {
-    for (; i >= 1; i >>= 1) t_[i] = std::max(t_[2 * i], t_[2 * i + 1]) + d_[i];
-  }
-  int size_;
-  std::vector<int64_t> t_, d_;
-};
-
-// Range add / global log-sum-exp (base 2) over A[0, n): fastsa.txt appendix C.2, a smooth peak that
-// feels every high slot, not only the highest. Same layout as AddMaxTree with logaddexp for max.
-class AddLseTree {
- public:
-  AddLseTree(int n, double init) {
+  RangeAddTree(int n, T init) {
     size_ = 1;
     while (size_ < std::max(1, n)) size_ *= 2;
     t_.assign(2 * size_, init);
-    d_.assign(size_, 0.0);
-    for (int i = size_ - 1; i >= 1; --i) t_[i] = lse(t_[2 * i], t_[2 * i + 1]);
+    d_.assign(size_, T(0));
+    for (int i = size_ - 1; i >= 1; --i) t_[i] = Fold::join(t_[2 * i], t_[2 * i + 1]);
   }
-  void add(int lo, int hi, double v) {
-    if (lo > hi || v == 0) return;
+  // A[lo..hi] += v (inclusive).
+  void add(int lo, int hi, T v) {
+    if (lo > hi || v == T(0)) return;
     int l = lo + size_, r = hi + 1 + size_;
     const int l0 = l, r0 = r - 1;
     while (l < r) {
@@ -85,19 +47,27 @@ class AddLseTree {
     pull(l0 >> 1);
     pull(r0 >> 1);
   }
-  double value() const { return t_[1]; }
+  T value() const { return t_[1]; }
 
  private:
-  static double lse(double a, double b) {
+  void pull(int i) {
+    for (; i >= 1; i >>= 1) t_[i] = Fold::join(t_[2 * i], t_[2 * i + 1]) + d_[i];
+  }
+  int size_;
+  std::vector<T> t_, d_;
+};
+
+struct MaxFold {
+  static int64_t join(int64_t a, int64_t b) { return std::max(a, b); }
+};
+struct LseFold {
+  static double join(double a, double b) {
     const double m = std::max(a, b);
     return m + std::log2(1.0 + std::exp2(-std::fabs(a - b)));
   }
-  void pull(int i) {
-    for (; i >= 1; i >>= 1) t_[i] = lse(t_[2 * i], t_[2 * i + 1]) + d_[i];
-  }
-  int size_;
-  std::vector<double> t_, d_;
 };
+using AddMaxTree = RangeAddTree<int64_t, MaxFold>;
+using AddLseTree = RangeAddTree<double, LseFold>;
 
 // A nop slot's offset in the log-sum-exp tree (C.2: only slots that run a unit can hold the peak).
 constexpr double kNopOffset = 1e6;
@@ -112,7 +82,7 @@ void sorted_erase(std::vector<int>& v, int x) {
 class State {
  public:
   State(const FastsaProblem& p, std::vector<int> slots, double soft_scale)
-      : p_(p), slots_(std::move(slots)), T_(static_cast<int>(slots_.size())), tree_(T_),
+      : p_(p), slots_(std::move(slots)), T_(static_cast<int>(slots_.size())), tree_(T_, 0),
         soft_(soft_scale > 0 ? T_ : 1, -kNopOffset), scale_(soft_scale) {
     const int n = static_cast<int>(p.cost.size());
     const int nv = static_cast<int>(p.size.size());
@@ -145,9 +115,9 @@ class State {
     }
   }
 
-  int64_t peak() const { return tree_.max(); }
+  int64_t peak() const { return tree_.value(); }
   // The smooth peak of appendix C.2 in bytes (the peak itself without a soft scale).
-  double soft_peak() const { return scale_ > 0 ? soft_.value() / scale_ : static_cast<double>(tree_.max()); }
+  double soft_peak() const { return scale_ > 0 ? soft_.value() / scale_ : static_cast<double>(tree_.value()); }
   double cost() const { return cost_; }
   int T() const { return T_; }
   int slot(int t) const { return slots_[t]; }
