@@ -336,26 +336,36 @@ def _enum_options(pg: PlanGraph, sp: Split, nodes: Sequence[int]) -> List[Option
     for mask in range(1 << len(free)):
         keep = set(forced)
         keep.update(v for j, v in enumerate(free) if mask >> j & 1)
-        rec: set = set()
-        stack = [v for v in saved if v not in keep]
-        ok = True
-        while stack and ok:
-            v = stack.pop()
-            if v in rec:
-                continue
-            rec.add(v)
-            for d in pg.deps[v]:
-                if pg.pinned[d] or d in keep:
-                    continue
-                if d in inside:
-                    stack.append(d)
-                else:
-                    ok = False
-                    break
-        if ok:
+        rec = _recomputed(pg, [v for v in saved if v not in keep], keep, inside, keep_outside=False)
+        if rec is not None:
             out.append(Option(mem=int(sum(pg.mem[v] for v in keep)), cost=float(sum(pg.cost[v] for v in rec)),
                               keep=tuple(sorted(keep))))
     return out
+
+
+def _recomputed(pg: PlanGraph, roots, keep: set, inside: set, keep_outside: bool) -> Optional[set]:
+    """What recomputing ``roots`` inside a part recomputes: the closure over unkept, unpinned inputs.
+
+    An input outside the part is added to ``keep`` when ``keep_outside``; otherwise
+    the option is impossible (None).
+    """
+    rec: set = set()
+    stack = list(roots)
+    while stack:
+        v = stack.pop()
+        if v in rec:
+            continue
+        rec.add(v)
+        for d in pg.deps[v]:
+            if pg.pinned[d] or d in keep:
+                continue
+            if d in inside:
+                stack.append(d)
+            elif keep_outside:
+                keep.add(d)
+            else:
+                return None
+    return rec
 
 
 def _greedy_options(pg: PlanGraph, sp: Split, nodes: Sequence[int], steps: int = 8) -> List[Option]:
@@ -368,20 +378,8 @@ def _greedy_options(pg: PlanGraph, sp: Split, nodes: Sequence[int], steps: int =
     for j in range(1, steps + 1):
         drop = set(saved[:math.ceil(len(saved) * j / steps)])
         keep = set(v for v in saved if v not in drop) | set(forced)
-        rec: set = set()
-        stack = list(drop)
-        while stack:
-            v = stack.pop()
-            if v in rec:
-                continue
-            rec.add(v)
-            for d in pg.deps[v]:
-                if pg.pinned[d] or d in keep:
-                    continue
-                if d in inside:
-                    stack.append(d)
-                else:
-                    keep.add(d)
+        rec = _recomputed(pg, drop, keep, inside, keep_outside=True)
+        assert rec is not None
         out.append(Option(mem=int(sum(pg.mem[v] for v in keep)), cost=float(sum(pg.cost[v] for v in rec)),
                           keep=tuple(sorted(keep))))
     return out
