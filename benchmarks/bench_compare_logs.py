@@ -116,7 +116,7 @@ def report(rows: List[dict], planners: List[str], budgets: List[float], time_lim
                        f" | {'-' if best is None else best['planner'] + ' ' + format(best['overhead'], '.3f')} | "
                        f"{_headline(dtr_row, best)} |")
     if figure:
-        out += ["", f"![overhead and solve time per planner]({os.path.relpath(figure, ROOT)})"]
+        out += ["", "![overhead and solve time per planner]({figure})"]  # (update() makes it relative)
     out += ["", END]
     return "\n".join(out) + "\n"
 
@@ -176,7 +176,10 @@ def plot(rows: List[dict], planners: List[str], path: str) -> None:
     plt.close(fig)
 
 
-def update(path: Path, section: str) -> None:
+def update(path: Path, section: str, figure: Optional[str] = None) -> None:
+    """Replace (or append) the report's section in ``path``; the figure's link relative to that file."""
+    if figure:
+        section = section.replace("{figure}", os.path.relpath(Path(figure).resolve(), path.resolve().parent))
     text = path.read_text() if path.exists() else ""
     if BEGIN in text and END in text:
         text = text[:text.index(BEGIN)] + section + text[text.index(END) + len(END) + 1:]
@@ -227,9 +230,9 @@ def main(argv=None) -> int:
     if args.figure:
         plot(rows, planners, args.figure)
     section = report(rows, planners, budgets, args.time_limit, args.workers, wall, args.figure)
-    print(section)
+    print(section.replace("{figure}", str(args.figure)))
     for f in args.update:
-        update(Path(f), section)
+        update(Path(f), section, args.figure)
     return 0
 
 
