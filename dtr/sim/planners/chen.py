@@ -10,6 +10,7 @@ from typing import List, Optional, Sequence, Tuple
 
 from dtr.sim.graph import PlanGraph, chain_shape
 from dtr.sim.planners import PlanOptions, PlanResult, register_planner
+from dtr.sim.planners.recompute import recompute_missing
 from dtr.sim.schedule import sequence_profile, sequence_steps
 
 __all__ = ["plan_chen", "checkpoint_sequence", "greedy_checkpoints"]
@@ -49,19 +50,8 @@ def checkpoint_sequence(pg: PlanGraph, ckpt: Sequence[bool]) -> List[int]:
     seq: List[int] = []
     for v in range(n):
         for d0 in deps[v]:
-            if usable[d0]:
-                continue
-            stack = [(d0, False)]
-            while stack:
-                x, ready = stack.pop()
-                if usable[x]:
-                    continue
-                if ready:
-                    seq.append(x)
-                    usable[x] = 1
-                    continue
-                stack.append((x, True))
-                stack.extend((y, False) for y in deps[x] if not usable[y])
+            if not usable[d0]:
+                recompute_missing(deps, usable, d0, seq)
         seq.append(v)
         usable[v] = 1
         if ckpt[v] and not pinned[v]:

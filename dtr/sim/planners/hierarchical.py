@@ -15,6 +15,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from dtr.sim.graph import PlanGraph
 from dtr.sim.planners import PlanOptions, PlanResult, register_planner
+from dtr.sim.planners.recompute import recompute_missing
 from dtr.sim.schedule import sequence_profile, sequence_steps
 
 __all__ = ["plan_hierarchical", "Split", "Part", "Option", "split_graph", "partition", "part_options",
@@ -538,24 +539,10 @@ def execute(pg: PlanGraph, sp: Split, keep: Sequence[bool], keep2: Optional[Sequ
         avail[v] = 1 if (pinned[v] or keep[v]) else 0
     fresh: List[int] = []
 
-    def ensure(root: int) -> None:
-        stack = [(root, False)]
-        while stack:
-            x, ready = stack.pop()
-            if avail[x]:
-                continue
-            if ready:
-                seq.append(x)
-                avail[x] = 1
-                fresh.append(x)
-                continue
-            stack.append((x, True))
-            stack.extend((d, False) for d in deps[x] if not avail[d])
-
     for v in range(sp.turn + 1, n):
         for d in deps[v]:
             if not avail[d]:
-                ensure(d)
+                recompute_missing(deps, avail, d, seq, fresh)
         seq.append(v)
         avail[v] = 1
         if keep2 is not None:
@@ -570,7 +557,7 @@ def execute(pg: PlanGraph, sp: Split, keep: Sequence[bool], keep2: Optional[Sequ
             fresh.clear()
     for v in range(n):
         if pg.referenced_at_end[v] and not avail[v]:
-            ensure(v)
+            recompute_missing(deps, avail, v, seq, fresh)
     return seq
 
 
