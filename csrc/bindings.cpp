@@ -165,6 +165,7 @@ const DtrCoreApi core_api = {
     [](void* c, int s) { return guarded([&] { as_core(c).forget(s); return 0; }, -1); },
     &remat_allowance,
     [](void* c, int on) { as_core(c).compute_hook_first = on != 0; },
+    [](void* c, int64_t size) { return guarded([&] { return as_core(c).constant(size); }, -1); },
 };
 
 }  // namespace
@@ -277,6 +278,8 @@ PYBIND11_MODULE(_C, m) {
       .def("release", &Core::release, py::arg("t"))
       .def("require", &Core::require, py::arg("t"))
       .def("pin", &Core::pin, py::arg("t"))
+      .def("pin_many", [](Core& c, const std::vector<int>& ts) { for (int t : ts) c.pin(t); }, py::arg("ts"),
+           "pin(t) for each t in order (one call: the end of a block pins every tensor the program holds).")
       .def("lock", &Core::lock, py::arg("s"))
       .def("unlock", &Core::unlock, py::arg("s"))
       .def("counters", [](const Core& c) { return counters_dict(c.counters()); })

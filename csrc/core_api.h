@@ -16,7 +16,7 @@
 #pragma once
 #include <stdint.h>
 
-#define DTR_CORE_API_VERSION 2
+#define DTR_CORE_API_VERSION 3
 #define DTR_CORE_API_CAPSULE "dtr._C._core_api"
 #define DTR_CORE_CAPSULE "dtr._C.Core"
 
@@ -48,5 +48,7 @@ struct DtrCoreApi {
   double (*remat_allowance)(double thrash_limit, double base);
   // Core::compute_hook_first: 0 reports only recomputations to the on_compute hook.
   void (*set_compute_hook_first)(void* core, int on);
+  // Core::constant: a pinned tensor of size bytes that existed before; returns it.
+  int (*constant)(void* core, int64_t size);
 };
 }

@@ -1,5 +1,5 @@
 # Stub of dtr._native: the runtime's per-op path in C++ (csrc/native/fastpath.cpp), built against torch.
-from typing import Any, Tuple
+from typing import Any, List, Tuple
 
 TORCH_VERSION: str  # the torch.__version__ it was built against
 CXX11_ABI: int      # its _GLIBCXX_USE_CXX11_ABI
@@ -13,6 +13,11 @@ class FastPath:
     def __self__(self) -> Any: ...
     @property
     def counts(self) -> Tuple[int, int]: ...  # (ops run natively, ops handed to the reference)
+    def constant(self, storage: Any) -> int: ...  # DTRMode._constant on this path
+    def carried(self) -> List[Any]: ...  # DTRMode._carried on this path: buffers holding storages weakly
+    def on_evict(self, storage: int, by_heuristic: bool) -> None: ...  # the core's hooks while this path runs
+    def on_compute(self, op: int, remat: bool) -> None: ...
+    def on_pin(self, storage: int) -> None: ...
 
 def configure(env: dict) -> None: ...
 def buf_dead(buf: Any) -> bool: ...

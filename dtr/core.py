@@ -236,6 +236,11 @@ class Core:
         with _TRANSLATED:
             self._core.pin(t)
 
+    def pin_many(self, ts: Sequence[int]) -> None:
+        """:meth:`pin` each of ``ts`` in order, in one call (up to the first that fails)."""
+        with _TRANSLATED:
+            self._core.pin_many(list(ts))
+
     def begin_call(self, inputs: Sequence[int], sizes: Sequence[int], alias_of: Sequence[int],
                    inplace_of: Sequence[int], cost: float) -> int:
         """Two-phase call, part one: create the op, bring its inputs back, lock them, make room.

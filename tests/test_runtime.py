@@ -751,3 +751,28 @@ def test_a_failed_block_whose_tensors_cannot_come_back_says_so(monkeypatch):
                 monkeypatch.setattr(mode_mod.DTRMode, "_recompute", failing)
                 raise KeyError("the program's own error")
     assert any(_storage(t).nbytes() == 0 for t in kept)  # what the warning is about
+
+
+@pytest.mark.compact_floor
+def test_only_large_tables_are_compacted():
+    """Note [Compaction]: a short block never compacts; a long one does, and its results stay exact."""
+    from dtr.runtime import mode as mode_module
+    floor = mode_module._COMPACT_MIN_OPS
+    w = torch.randn(8, 8) / 8
+    x = torch.randn(4, 8)
+
+    def chain(n):
+        total = torch.zeros(4, 8)
+        for _ in range(n):  # every result dies at once and needs only constants: collectable garbage
+            total = total.add_(torch.tanh(x @ w))
+        return total
+
+    def compactions(n):
+        with dtr.budget(None) as b:
+            out = chain(n)
+            done = b._mode._compactions
+        assert torch.equal(out, chain(n))
+        return done
+
+    assert compactions(floor // 8) == 0
+    assert compactions(floor) >= 1  # (3 ops a link: the tables pass the floor a third of the way)

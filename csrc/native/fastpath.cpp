@@ -28,8 +28,6 @@
 //    prediction (output sizes, positions), its flatten spec, the layouts its
 //    recipes record, and the flop estimate. All are functions of the
 //    signature. Process-wide, bounded like the reference's cache.
-//  * core tensor -> core storage: fixed for a tensor's life; cleared when the
-//    mode compacts (its _compactions counter changes).
 #include <Python.h>
 #include <structmember.h>
 
@@ -99,11 +97,12 @@ struct Env {
 #define DTR_NAMES(X)                                                                                        \
   X(device_type) X(_opaque_readers) X(timer) X(recorder) X(ops_seen) X(_next_full_poll) X(_poll_on_schedule) \
   X(_recent_ops) X(version) X(cdata_of) X(phys) X(recipes) X(handle) X(alive) X(_next_handle) X(_ops_at_gc)  \
-  X(_live_after_gc) X(thrash_limit) X(_compactions) X(poll) X(collect) X(_constant) X(_native_predict)         \
+  X(_live_after_gc) X(thrash_limit) X(poll) X(collect) X(_constant) X(_native_predict)         \
   X(memory) X(peak_memory) X(budget) X(base_compute) X(remat_compute) X(call) X(release) X(_generation)        \
   X(sizes) X(owning) X(metas) X(estimate) X(mutated) X(device) X(__exit__) X(cost_model) X(measured)        \
   X(untyped_storage) X(_schedule_full_poll) X(storage_of) X(defined) X(pinned) X(resident) X(storage_refs) X(begin_call)            \
-  X(end_call) X(abort_call) X(op_outputs) X(forget) X(set_remat_limit) X(_core) X(core) X(on_evict) X(_on_evict) X(on_compute) X(_on_compute)
+  X(end_call) X(abort_call) X(op_outputs) X(forget) X(set_remat_limit) X(_core) X(core) X(on_evict) X(_on_evict) X(on_compute) X(_on_compute) \
+  X(on_pin) X(constant)
 struct Names {
 #define DTR_DECL(n) PyObject* n = nullptr;
   DTR_NAMES(DTR_DECL)
@@ -172,6 +171,27 @@ PyObject* new_weak_buf(c10::StorageImpl* impl) {
   Py_INCREF(Py_False); slot_at(b, env.buf_dropped) = Py_False;
   PyObject_GC_UnTrack(b);  // see Note [Untracked records]
   return b;
+}
+
+// _Buf(storage, owned=True, shared=True): a constant's buffer, held strongly (``storage`` is a Python storage).
+PyObject* new_shared_buf(PyObject* storage) {
+  PyObject* b = env.buf_type->tp_alloc(env.buf_type, 0);
+  if (b == nullptr) return nullptr;
+  Py_INCREF(Py_None); slot_at(b, env.buf_weak) = Py_None;
+  Py_INCREF(storage); slot_at(b, env.buf_strong) = storage;
+  Py_INCREF(Py_True); slot_at(b, env.buf_shared) = Py_True;
+  Py_INCREF(Py_False); slot_at(b, env.buf_dropped) = Py_False;
+  PyObject_GC_UnTrack(b);  // see Note [Untracked records]
+  return b;
+}
+
+// _Buf.get() for a buffer that is not dropped: the StorageImpl it holds, or null if it is gone.
+c10::StorageImpl* buf_impl(PyObject* b) {
+  PyObject* strong = slot_at(b, env.buf_strong);
+  if (strong != nullptr && strong != Py_None)
+    return THPStorage_Check(strong) ? THPStorage_Unpack(strong).unsafeGetStorageImpl() : nullptr;
+  PyObject* weak = slot_at(b, env.buf_weak);
+  return weak == nullptr || weak == Py_None || weak_expired(weak) ? nullptr : weak_ptr(weak);
 }
 
 // Note [Untracked records]
@@ -309,6 +329,39 @@ struct KeyHash {
   }
 };
 
+// One op's temporaries, kept between ops so that their vectors keep their capacity (an op made a dozen
+// heap allocations for them). Indexed by nesting depth: a hook that runs Python may dispatch again.
+struct Scratch {
+  Scan scan;
+  std::vector<long> ins, new_tensors;
+  std::vector<int> in_ids, outs;
+  std::vector<PyObject*> flat, handles, dead;
+  void clear() {
+    scan.key.clear(); scan.leaves.clear(); scan.tpos.clear(); scan.ok = true;
+    ins.clear(); new_tensors.clear(); in_ids.clear(); outs.clear(); flat.clear(); handles.clear(); dead.clear();
+  }
+};
+
+class ScratchLease {
+ public:
+  ScratchLease() {
+    if (depth_ == pool_.size()) pool_.push_back(new Scratch());
+    s_ = pool_[depth_++];
+    s_->clear();
+  }
+  ~ScratchLease() { --depth_; }
+  ScratchLease(const ScratchLease&) = delete;
+  ScratchLease& operator=(const ScratchLease&) = delete;
+  Scratch& operator*() const { return *s_; }
+
+ private:
+  Scratch* s_;
+  static thread_local std::vector<Scratch*> pool_;  // (never freed: a few per thread)
+  static thread_local size_t depth_;
+};
+thread_local std::vector<Scratch*> ScratchLease::pool_;
+thread_local size_t ScratchLease::depth_ = 0;
+
 // What the reference predicted for one signature, and what its recipes record.
 struct Entry {
   bool ok = false;                       // sizes known and the leaves agree with the reference's
@@ -345,8 +398,6 @@ struct FastPath {
   void* c;             // its address, for the C route (core_api.h)
   PyObject* cost_model;  // owned
   bool measured;
-  std::vector<int>* storage_cache;  // core tensor -> storage (-1: not asked yet)
-  long compactions;
   c10::DeviceType device;
   PyObject* device_name;  // the mode's device_type when `device` was parsed (owned), or null
   uint64_t native_ops, fallback_ops;
@@ -362,9 +413,25 @@ long get_long(FastPath* f, PyObject* name) {
   return v ? PyLong_AsLong(v) : -1;
 }
 
+PyObject* cached_int(long v);
+
 bool set_long(FastPath* f, PyObject* name, long v) {
-  Ref o(PyLong_FromLong(v));
+  Ref o(cached_int(v));
   return o && PyDict_SetItem(f->dict, name, o.get()) == 0;
+}
+
+// A Python int, a new reference. Core ids (tensor, storage, op) and the mode's counters are small, and an
+// id is looked up several times (its buffer, handle, recipe), so ints below kIdInts are made once and kept
+// for the process (about 2 MiB at most): ids and counters start from 0 in every block.
+constexpr long kIdInts = 1 << 16;
+PyObject* cached_int(long v) {
+  static std::vector<PyObject*>& cache = *new std::vector<PyObject*>();
+  if (v < 0 || v >= kIdInts) return PyLong_FromLong(v);
+  if (static_cast<size_t>(v) >= cache.size()) cache.resize(std::min<size_t>(kIdInts, 2 * v + 64), nullptr);
+  PyObject*& slot = cache[v];
+  if (slot == nullptr && (slot = PyLong_FromLong(v)) == nullptr) return nullptr;
+  Py_INCREF(slot);
+  return slot;
 }
 
 Ref call1(PyObject* fn, PyObject* a) { return Ref(PyObject_CallOneArg(fn, a)); }
@@ -386,31 +453,20 @@ void translate_error() {
   PyErr_Restore(t, v, tb);
 }
 
-// core.storage_of(t), cached (see the header).
-int storage_of(FastPath* f, long t) {
-  long c = get_long(f, names._compactions);
-  if (c != f->compactions) {
-    f->storage_cache->clear();
-    f->compactions = c;
-  }
-  auto& cache = *f->storage_cache;
-  if (t >= 0 && static_cast<size_t>(t) < cache.size() && cache[t] >= 0) return cache[t];
-  int s = api->storage_of(f->c, static_cast<int>(t));
-  if (s < 0) return -1;
-  if (static_cast<size_t>(t) >= cache.size()) cache.resize(std::max<size_t>(2 * cache.size(), t + 64), -1);
-  cache[t] = static_cast<int>(s);
-  return static_cast<int>(s);
-}
+// core.storage_of(t), through the core's C table (a bounds-checked read; -1 with an error set if t is unknown).
+int storage_of(FastPath* f, long t) { return api->storage_of(f->c, static_cast<int>(t)); }
 
 
 // The buffer of core storage s (borrowed), or null (with an error set if the lookup failed).
 PyObject* phys_of(FastPath* f, PyObject* phys, int s) {
-  Ref key(PyLong_FromLong(s));
+  Ref key(cached_int(s));
   if (!key) return nullptr;
   PyObject* b = PyDict_GetItemWithError(phys, key.get());
   if (b == nullptr && !PyErr_Occurred()) PyErr_Format(PyExc_KeyError, "%d", s);
   return b;
 }
+
+PyObject* constant(FastPath* f, PyObject* st);  // (below, with the methods)
 
 // DTRMode._track: the current version of x's storage; a constant on first sight.
 long track(FastPath* f, PyObject* x) {
@@ -434,7 +490,7 @@ long track(FastPath* f, PyObject* x) {
   // (the address of a storage that died since the last poll, reused; or first sight)
   Ref st(PyObject_CallMethodNoArgs(x, names.untyped_storage));
   if (!st) return -1;
-  Ref r(PyObject_CallMethodOneArg(f->mode, names._constant, st.get()));
+  Ref r(constant(f, st.get()));
   return r ? PyLong_AsLong(r.get()) : -1;
 }
 
@@ -470,7 +526,7 @@ bool release(FastPath* f, PyObject* h) {
     int64_t refs = api->storage_refs(f->c, s);
     if (refs < 0) return false;
     if (refs == 0) {  // kept for an evicted dependent
-      Ref key(PyLong_FromLong(s));
+      Ref key(cached_int(s));
       PyObject* b = PyDict_GetItemWithError(get(f, names.phys), key.get());
       if (b == nullptr && PyErr_Occurred()) return false;
       if (b == nullptr || buf_gone(b)) {  // but its memory is gone: it must be recomputed
@@ -498,9 +554,9 @@ int handle_dead(FastPath* f, PyObject* alive, PyObject* phys, PyObject* h, bool*
 }
 
 // DTRMode.poll(handles) over the last ops' handles; what it cannot settle alone goes to the reference.
-bool poll_recent(FastPath* f, PyObject* recent) {
+bool poll_recent(FastPath* f, PyObject* recent, Scratch& scratch) {
   // Each handle once, in order (the reference's dict.fromkeys; equal handles are one object).
-  std::vector<PyObject*> handles;
+  std::vector<PyObject*>& handles = scratch.handles;
   Py_ssize_t n = PyList_GET_SIZE(recent);
   for (Py_ssize_t i = 0; i < n; ++i) {
     PyObject* hs = PyList_GET_ITEM(recent, i);
@@ -512,7 +568,7 @@ bool poll_recent(FastPath* f, PyObject* recent) {
   }
   PyObject* alive = get(f, names.alive);
   PyObject* phys = get(f, names.phys);
-  std::vector<PyObject*> dead;
+  std::vector<PyObject*>& dead = scratch.dead;
   bool constant = false;
   for (PyObject* h : handles) {
     int d = handle_dead(f, alive, phys, h, &constant);
@@ -577,7 +633,7 @@ PyObject* new_slot(long t, int64_t offset, PyObject* size, PyObject* stride, PyO
   PyTypeObject* type = reinterpret_cast<PyTypeObject*>(env.slot_type);
   PyObject* s = type->tp_alloc(type, 5);
   if (s == nullptr) return nullptr;
-  PyObject* a = PyLong_FromLong(t);
+  PyObject* a = cached_int(t);
   PyObject* b = PyLong_FromLongLong(offset);
   if (a == nullptr || b == nullptr) { Py_XDECREF(a); Py_XDECREF(b); Py_DECREF(s); return nullptr; }
   Py_INCREF(size); Py_INCREF(stride); Py_INCREF(dtype);
@@ -685,15 +741,19 @@ PyObject* run_fallback(FastPath* f, PyObject* func, PyObject* types, PyObject* a
 double allowance(FastPath* f, double limit) { return api->remat_allowance(limit, api->base_compute(f->c)); }
 
 // Everything after the op ran (DTRMode._commit for an op that writes nothing).
-PyObject* commit(FastPath* f, PyObject* func, const OpInfo* info, Entry* e, Scan& s, const std::vector<long>& ins,
-                 long op, PyObject* out, double cost, PyObject* rng) {
+// (ops_seen and lim: the mode's ops_seen and thrash_limit, which nothing changes while an op runs.)
+PyObject* commit(FastPath* f, PyObject* func, const OpInfo* info, Entry* e, Scratch& scratch, long op, PyObject* out,
+                 double cost, PyObject* rng, long ops_seen, double lim) {
+  Scan& s = scratch.scan;
+  const std::vector<long>& ins = scratch.ins;
   Ref out_ref = borrowed(out);
-  std::vector<PyObject*> flat;
+  std::vector<PyObject*>& flat = scratch.flat;
   flatten_out(out, flat);
-  std::vector<int> outs(e->sizes.size() + 1);
+  std::vector<int>& outs = scratch.outs;
+  outs.assign(e->sizes.size() + 1, -1);
   int n_outs = api->op_outputs(f->c, static_cast<int>(op), outs.data(), static_cast<int>(outs.size()));
   if (n_outs < 0) return nullptr;
-  std::vector<long> new_tensors;
+  std::vector<long>& new_tensors = scratch.new_tensors;
   for (size_t k = 0; k < e->sizes.size(); ++k) new_tensors.push_back(outs[k]);
   PyObject* version = get(f, names.version);
   PyObject* cdata_of = get(f, names.cdata_of);
@@ -726,10 +786,10 @@ PyObject* commit(FastPath* f, PyObject* func, const OpInfo* info, Entry* e, Scan
       if (!w) return nullptr;
     }
     long t = new_tensors[k];
-    Ref cdata(PyLong_FromVoidPtr(impl)), tk(PyLong_FromLong(t));
+    Ref cdata(PyLong_FromVoidPtr(impl)), tk(cached_int(t));
     int st = storage_of(f, t);
     if (!cdata || !tk || st < 0) return nullptr;
-    Ref sk(PyLong_FromLong(st));
+    Ref sk(cached_int(st));
     Ref buf(new_weak_buf(impl));
     Ref h(new_handle(f));
     if (!sk || !buf || !h) return nullptr;
@@ -753,7 +813,7 @@ PyObject* commit(FastPath* f, PyObject* func, const OpInfo* info, Entry* e, Scan
     Ref l(PyList_New(0));
     if (!l) return Ref();
     for (long t : ts) {
-      Ref tk(PyLong_FromLong(t));
+      Ref tk(cached_int(t));
       PyObject* h = tk ? PyDict_GetItemWithError(handle, tk.get()) : nullptr;
       if (h == nullptr) {
         if (PyErr_Occurred() || !tk) return Ref();
@@ -829,16 +889,13 @@ PyObject* commit(FastPath* f, PyObject* func, const OpInfo* info, Entry* e, Scan
     untrack(recipe);  // (and its leaves and outputs: see Note [Untracked records])
     untrack(PyTuple_GET_ITEM(recipe, 1));
     untrack(PyTuple_GET_ITEM(recipe, 3));
-    Ref opk(PyLong_FromLong(op));
+    Ref opk(cached_int(op));
     if (!opk || PyDict_SetItem(get(f, names.recipes), opk.get(), recipe) < 0) return nullptr;
   }
-  long ops_seen = get_long(f, names.ops_seen);
   if (ops_seen - get_long(f, names._ops_at_gc) > std::max(env.gc_min_ops, get_long(f, names._live_after_gc))) {
     Ref r(PyObject_CallMethodNoArgs(f->mode, names.collect));
     if (!r) return nullptr;
   }
-  PyObject* limit = get(f, names.thrash_limit);
-  double lim = limit ? PyFloat_AsDouble(limit) : INFINITY;
   double rc = api->remat_compute(f->c);
   if (std::isfinite(lim)) {
     double allowed = allowance(f, lim);
@@ -880,9 +937,10 @@ PyObject* fast_call(FastPath* f, PyObject* func, PyObject* types, PyObject* args
   const OpInfo* info = op_info(func);
   if (info == nullptr) return nullptr;
   if (!info->fast) return run_fallback(f, func, types, args, kwargs);
-  Scan s;
+  ScratchLease lease;
+  Scratch& scratch = *lease;
+  Scan& s = scratch.scan;
   s.device = f->device;
-  s.key.reserve(64);
   if (!scan_args(func, args, kwargs, s) || s.tpos.empty()) {
     if (PyErr_Occurred()) return nullptr;
     return run_fallback(f, func, types, args, kwargs);
@@ -895,8 +953,7 @@ PyObject* fast_call(FastPath* f, PyObject* func, PyObject* types, PyObject* args
   // From here on, the reference's __torch_dispatch__ step by step.
   long ops_seen = get_long(f, names.ops_seen) + 1;
   if (ops_seen <= 0 || !set_long(f, names.ops_seen, ops_seen)) return nullptr;
-  std::vector<long> ins;
-  ins.reserve(s.tpos.size());
+  std::vector<long>& ins = scratch.ins;
   for (int p : s.tpos) {
     long t = track(f, s.leaves[p].obj);
     if (t < 0) return nullptr;
@@ -925,7 +982,7 @@ PyObject* fast_call(FastPath* f, PyObject* func, PyObject* types, PyObject* args
     if (!poll_full(f)) return nullptr;
   } else {
     PyObject* recent = get(f, names._recent_ops);
-    if (recent != nullptr && PyList_GET_SIZE(recent) > 0 && !poll_recent(f, recent)) return nullptr;
+    if (recent != nullptr && PyList_GET_SIZE(recent) > 0 && !poll_recent(f, recent, scratch)) return nullptr;
   }
   if (PyErr_Occurred()) return nullptr;
   Ref rng = borrowed(Py_None);
@@ -961,7 +1018,8 @@ PyObject* fast_call(FastPath* f, PyObject* func, PyObject* types, PyObject* args
   if (std::isfinite(lim)) {  // let the core stop a runaway chain of recomputations as it happens
     api->set_remat_limit(f->c, allowance(f, lim));
   }
-  std::vector<int> in_ids(ins.begin(), ins.end());
+  std::vector<int>& in_ids = scratch.in_ids;
+  in_ids.assign(ins.begin(), ins.end());
   int op = api->begin_call(f->c, in_ids.data(), static_cast<int>(in_ids.size()), e->sizes.data(),
                            static_cast<int>(e->sizes.size()), cost);
   if (op < 0) { translate_error(); return nullptr; }
@@ -977,7 +1035,7 @@ PyObject* fast_call(FastPath* f, PyObject* func, PyObject* types, PyObject* args
     return nullptr;
   }
   if (f->measured) cost = static_cast<double>(std::chrono::duration_cast<std::chrono::nanoseconds>(t1 - t0).count());
-  PyObject* result = commit(f, func, info, e, s, ins, op, out, cost, rng.get());
+  PyObject* result = commit(f, func, info, e, scratch, op, out, cost, rng.get(), ops_seen, lim);
   Py_DECREF(out);
   return result;
 }
@@ -1060,7 +1118,7 @@ int FastPath_init(PyObject* self, PyObject* args, PyObject* kwargs) {
   if (!capsule) return -1;
   f->c = PyCapsule_GetPointer(capsule.get(), DTR_CORE_CAPSULE);
   if (f->c == nullptr) return -1;
-  for (PyObject* name : {names.on_evict, names.on_compute}) {  // this path's hooks replace the reference's
+  for (PyObject* name : {names.on_evict, names.on_compute, names.on_pin}) {  // this path's hooks replace the reference's
     Ref hook(PyObject_GetAttr(self, name));                    // (Budget's end clears every hook)
     if (!hook || PyObject_SetAttr(f->core, name, hook.get()) < 0) return -1;
   }
@@ -1070,8 +1128,6 @@ int FastPath_init(PyObject* self, PyObject* args, PyObject* kwargs) {
   Ref measured(PyObject_GetAttr(f->cost_model, names.measured));
   if (!measured) return -1;
   f->measured = PyObject_IsTrue(measured.get()) == 1;
-  f->storage_cache = new std::vector<int>();
-  f->compactions = -1;
   f->device = c10::DeviceType::CPU;
   f->device_name = nullptr;
   f->native_ops = f->fallback_ops = 0;
@@ -1098,8 +1154,6 @@ void FastPath_dealloc(PyObject* self) {
   FastPath* f = reinterpret_cast<FastPath*>(self);
   PyObject_GC_UnTrack(self);
   FastPath_clear_refs(f);
-  delete f->storage_cache;
-  f->storage_cache = nullptr;
   Py_TYPE(self)->tp_free(self);
 }
 
@@ -1107,7 +1161,6 @@ PyObject* FastPath_new(PyTypeObject* type, PyObject*, PyObject*) {
   PyObject* self = type->tp_alloc(type, 0);
   if (self == nullptr) return nullptr;
   FastPath* f = reinterpret_cast<FastPath*>(self);
-  f->storage_cache = nullptr;  // (tp_alloc zeroes the rest)
   f->vectorcall = FastPath_vectorcall;
   return self;
 }
@@ -1159,7 +1212,122 @@ PyObject* FastPath_on_compute(PyObject* self, PyObject* const* args, Py_ssize_t 
   return PyObject_CallMethodObjArgs(f->mode, names._on_compute, args[0], args[1], nullptr);
 }
 
+// DTRMode._constant(storage), the reference's steps: a storage from before the block becomes a constant.
+PyObject* constant(FastPath* f, PyObject* st) {
+  if (!THPStorage_Check(st)) {
+    PyErr_SetString(PyExc_TypeError, "constant(storage): not a storage");
+    return nullptr;
+  }
+  c10::StorageImpl* impl = THPStorage_Unpack(st).unsafeGetStorageImpl();
+  int64_t nbytes = static_cast<int64_t>(impl->nbytes());
+  int t = api->constant(f->c, nbytes);
+  if (t < 0) { translate_error(); return nullptr; }
+  int s = storage_of(f, t);
+  if (s < 0) return nullptr;
+  Ref cdata(PyLong_FromVoidPtr(impl)), tk(cached_int(t)), sk(cached_int(s));
+  Ref buf(new_shared_buf(st));
+  if (!cdata || !tk || !sk || !buf) return nullptr;
+  if (PyDict_SetItem(get(f, names.version), cdata.get(), tk.get()) < 0 ||
+      PyDict_SetItem(get(f, names.cdata_of), tk.get(), cdata.get()) < 0 ||
+      PyDict_SetItem(get(f, names.phys), sk.get(), buf.get()) < 0)
+    return nullptr;
+  Ref h(new_handle(f));
+  if (!h || PyDict_SetItem(get(f, names.handle), tk.get(), h.get()) < 0 ||
+      PyDict_SetItem(get(f, names.alive), h.get(), tk.get()) < 0)
+    return nullptr;
+  PyObject* recorder = get(f, names.recorder);
+  if (recorder != nullptr && recorder != Py_None) {
+    Ref n(PyLong_FromLongLong(nbytes));
+    if (!n) return nullptr;
+    Ref r(PyObject_CallMethodObjArgs(recorder, names.constant, h.get(), n.get(), nullptr));
+    if (!r) return nullptr;
+  }
+  return tk.release();
+}
+
+PyObject* FastPath_constant(PyObject* self, PyObject* st) {
+  try {
+    return constant(reinterpret_cast<FastPath*>(self), st);
+  } catch (const std::exception& e) {
+    if (!PyErr_Occurred()) PyErr_Format(PyExc_RuntimeError, "dtr native per-op path: %s", e.what());
+    return nullptr;
+  }
+}
+
+// DTRMode._carried(): each resident storage the program still holds, once, in a buffer holding it weakly.
+PyObject* FastPath_carried(PyObject* self, PyObject*) {
+  FastPath* f = reinterpret_cast<FastPath*>(self);
+  PyObject* alive = get(f, names.alive);
+  PyObject* phys = get(f, names.phys);
+  if (alive == nullptr || phys == nullptr) {
+    if (!PyErr_Occurred()) PyErr_SetString(PyExc_AttributeError, "the mode has no alive/phys tables");
+    return nullptr;
+  }
+  Ref out(PyList_New(0));
+  if (!out) return nullptr;
+  std::vector<c10::StorageImpl*> seen;  // (sorted: each storage once)
+  Py_ssize_t pos = 0;
+  PyObject *h, *t;
+  while (PyDict_Next(alive, &pos, &h, &t)) {
+    int s = storage_of(f, PyLong_AsLong(t));
+    if (s < 0) return nullptr;
+    Ref key(cached_int(s));
+    if (!key) return nullptr;
+    PyObject* b = PyDict_GetItemWithError(phys, key.get());
+    if (b == nullptr) {
+      if (PyErr_Occurred()) return nullptr;
+      continue;
+    }
+    PyObject* dropped = slot_at(b, env.buf_dropped);
+    int d = dropped ? PyObject_IsTrue(dropped) : 0;
+    if (d < 0) return nullptr;
+    c10::StorageImpl* impl = d ? nullptr : buf_impl(b);
+    if (impl == nullptr || impl->nbytes() == 0) continue;
+    auto at = std::lower_bound(seen.begin(), seen.end(), impl);
+    if (at != seen.end() && *at == impl) continue;
+    seen.insert(at, impl);
+    Ref w(new_weak_buf(impl));
+    if (!w || PyList_Append(out.get(), w.get()) < 0) return nullptr;
+  }
+  return out.release();
+}
+
+// The core's on_pin hook (storage) while this path runs: DTRMode._on_pin's steps. A constant must
+// outlive the program's references, so a buffer held weakly is replaced by one held strongly.
+PyObject* FastPath_on_pin(PyObject* self, PyObject* const* args, Py_ssize_t n) {
+  FastPath* f = reinterpret_cast<FastPath*>(self);
+  if (n < 1 || !PyLong_Check(args[0])) {
+    PyErr_SetString(PyExc_TypeError, "on_pin(storage)");
+    return nullptr;
+  }
+  PyObject* phys = get(f, names.phys);
+  PyObject* b = phys ? PyDict_GetItemWithError(phys, args[0]) : nullptr;
+  if (b == nullptr) {
+    if (PyErr_Occurred()) return nullptr;
+    Py_RETURN_NONE;
+  }
+  PyObject* weak = slot_at(b, env.buf_weak);
+  if (weak == nullptr || weak == Py_None) Py_RETURN_NONE;
+  c10::StorageImpl* locked = c10::raw::weak_intrusive_ptr::lock(weak_ptr(weak));
+  if (locked == nullptr) Py_RETURN_NONE;  // (gone: _Buf.get() is None)
+  try {
+    Ref st(THPStorage_Wrap(c10::Storage(c10::intrusive_ptr<c10::StorageImpl>::reclaim(locked))));
+    Ref strong(st ? new_shared_buf(st.get()) : nullptr);
+    if (!strong || PyDict_SetItem(phys, args[0], strong.get()) < 0) return nullptr;
+  } catch (const std::exception& e) {
+    if (!PyErr_Occurred()) PyErr_Format(PyExc_RuntimeError, "dtr native per-op path: %s", e.what());
+    return nullptr;
+  }
+  Py_RETURN_NONE;
+}
+
 PyMethodDef FastPath_methods[] = {
+    {"constant", FastPath_constant, METH_O,
+     "constant(storage) -> core tensor: DTRMode._constant on this path (a storage from before the block)."},
+    {"carried", FastPath_carried, METH_NOARGS,
+     "carried() -> [_Buf]: DTRMode._carried on this path (what the next block on the device counts)."},
+    {"on_pin", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(FastPath_on_pin)), METH_FASTCALL,
+     "The core's on_pin hook while this path runs (DTRMode._on_pin's steps)."},
     {"on_compute", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(FastPath_on_compute)), METH_FASTCALL,
      "The core's on_compute hook while this path runs (DTRMode._on_compute for a recomputation)."},
     {"on_evict", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(FastPath_on_evict)), METH_FASTCALL,

@@ -62,6 +62,7 @@ _POLL_EVERY = 16
 _RECENT_OPS = 4     # see Note [Liveness]
 _MAX_VERSIONS = 8   # see Note [Version chains]
 _GC_MIN_OPS = 256
+_COMPACT_MIN_OPS = 4096  # see Note [Compaction]
 _MAX_PREDICTIONS = 1 << 16
 # Note [Sizes before allocation]
 # The core makes room *before* an op allocates, so output sizes are needed in
@@ -86,7 +87,7 @@ _SWAP = hasattr(torch.UntypedStorage, "_swap_data_ptr_")  # see Note [Adopting r
 # parameters, gradients and optimizer state from the start of every step after
 # the first; with one ``with`` around all steps they stay in the core anyway.
 # A remembered storage the program drops is dead, so it is freed at a poll.
-_CARRIED: Dict[str, List[StorageWeakRef]] = {}  # see Note [Constants from earlier blocks]
+_CARRIED: Dict[str, List["_Buf"]] = {}  # weakly held buffers; see Note [Constants from earlier blocks]
 _REMAT = "remat"    # the timer's tag of a recomputation (see Note [Measured costs])
 _SEEDED = torch.Tag.nondeterministic_seeded  # a random op: its generator state is saved for recomputation
 
@@ -143,7 +144,11 @@ _SEEDED = torch.Tag.nondeterministic_seeded  # a random op: its generator state 
 # buffers, handles, versions, liveness) goes through the maps it returns.
 # Each compaction costs time linear in the tables, which are then at most
 # about twice what is live: amortized O(1) per op, and the metadata of one
-# block over many training steps stays bounded.
+# block over many training steps stays bounded. Tables of fewer than
+# _COMPACT_MIN_OPS ops are never compacted: what compaction would free there
+# is a few hundred kilobytes at most, and renumbering every recipe in Python
+# was the largest single cost of a short block (one ``with`` per training step
+# of a 645-op MLP compacted once per step, about 2 µs per op).
 
 # Note [Measured costs]
 # With cost_model="time" every op runs between timer.start() and timer.stop()
@@ -381,17 +386,22 @@ class DTRMode(TorchDispatchMode):
         # Until the device is known (the block's first op), a wall-clock timer that nothing uses.
         self.timer: Timer = WallTimer()  # see Note [Measured costs]
         self.provisional = ProvisionalCosts()
-        if device is not None:
-            self._set_device(device)
         core.set_hooks(on_evict=self._on_evict, on_compute=self._on_compute, on_pin=self._on_pin)
-        self._compactions = 0  # (the native path's cache of core ids is valid until the next compaction)
+        self._compactions = 0
         if native:  # see Note [The native per-op path] in csrc/native/fastpath.cpp
             from dtr.runtime.native import fast_path
-            self.__torch_dispatch__ = fast_path(self, DTRMode.__torch_dispatch__)  # type: ignore[method-assign]
+            fp = fast_path(self, DTRMode.__torch_dispatch__)  # (it also takes over the core's hooks)
+            # The same steps in C++ (tests/test_native.py compares the two paths' logs line by line).
+            self.__torch_dispatch__ = fp  # type: ignore[method-assign]
+            self._constant = fp.constant  # type: ignore[method-assign]
+            self._carried = fp.carried  # type: ignore[method-assign]
+        if device is not None:
+            self._set_device(device)
 
     def detach_native(self) -> None:
         """Drop the native per-op path, if any (it holds the mode: a cycle the block's end breaks)."""
-        self.__dict__.pop("__torch_dispatch__", None)
+        for name in ("__torch_dispatch__", "_constant", "_carried"):
+            self.__dict__.pop(name, None)
 
     # ----------------------------------------------------------------- tracking
     def _trackable(self, x: Any) -> bool:
@@ -407,20 +417,25 @@ class DTRMode(TorchDispatchMode):
         self.device = device
         self.timer = make_timer(device, self._on_timed, sync=self.recorder is not None)
         for w in _CARRIED.pop(device.type, ()):  # see Note [Constants from earlier blocks]
-            if not w.expired():
-                self._constant(torch.UntypedStorage._new_with_weak_ptr(w.cdata))
+            st = w.get()
+            if st is not None:
+                self._constant(st)
 
     def carry_out(self) -> None:
         """Remember the resident storages the program still holds, for the next block on this device."""
         if self.device_type is None:
             return
-        keep = {}  # storage address -> weak reference: each storage once
+        _CARRIED[self.device_type] = self._carried()
+
+    def _carried(self) -> List["_Buf"]:
+        """Each resident storage the program still holds, once, in a buffer that holds it weakly. O(live tensors)."""
+        keep = {}  # storage address -> its buffer
         for t in self.alive.values():
             buf = self.phys.get(self.core.storage_of(t))
             st = buf.get() if buf is not None and not buf.dropped else None
             if st is not None and st.nbytes() > 0 and st._cdata not in keep:
-                keep[st._cdata] = StorageWeakRef(st)
-        _CARRIED[self.device_type] = list(keep.values())
+                keep[st._cdata] = _Buf(st, owned=False)
+        return list(keep.values())
 
     def _new_handle(self) -> str:
         self._next_handle += 1
@@ -1236,8 +1251,9 @@ class DTRMode(TorchDispatchMode):
         self._live_after_gc = len(self.recipes)
         for k in [k for k, (guard, _) in self._opaque_readers.items() if guard.expired()]:
             del self._opaque_readers[k]  # (what they named is gone: see _opaque_keys)
-        if 2 * (core.num_collected_storages - self._collected_after_compact) > core.num_storages or \
-                2 * self._collected_ops > core.num_ops:
+        if core.num_ops >= _COMPACT_MIN_OPS and (
+                2 * (core.num_collected_storages - self._collected_after_compact) > core.num_storages
+                or 2 * self._collected_ops > core.num_ops):
             self.compact()
 
     def compact(self) -> None:
@@ -1302,8 +1318,7 @@ class DTRMode(TorchDispatchMode):
         failure: Optional[tuple] = None  # (OutOfBudgetError, needed) or (ThrashingError, remat_compute, limit)
         while True:  # each limit is lifted once: at most three rounds
             try:
-                for t in list(self.alive.values()):
-                    core.pin(t)
+                core.pin_many(list(self.alive.values()))
                 break
             except (ThrashingError, OutOfBudgetError) as e:
                 kind = type(e)
