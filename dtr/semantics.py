@@ -13,9 +13,20 @@ import dataclasses
 import math
 import numbers
 from dataclasses import dataclass
-from typing import Mapping, Optional, Tuple
+from typing import Dict, Mapping, Optional, Tuple
 
 __all__ = ["Semantics", "SIMRD", "RUNTIME", "check_thrash_limit", "remat_allowance"]
+
+
+_FIELD_NAMES: Dict[type, Tuple[str, ...]] = {}
+
+
+def _field_names(cls: type) -> Tuple[str, ...]:
+    """A dataclass's field names, in order (once per class: a budget asks for them at every block)."""
+    names = _FIELD_NAMES.get(cls)
+    if names is None:
+        names = _FIELD_NAMES[cls] = tuple(f.name for f in dataclasses.fields(cls))
+    return names
 
 
 @dataclass(frozen=True)
@@ -53,7 +64,7 @@ class Semantics:
     @classmethod
     def fields(cls) -> Tuple[str, ...]:
         """The field names, which are also the log meta-line keys, in order."""
-        return tuple(f.name for f in dataclasses.fields(cls))
+        return _field_names(cls)
 
     def __post_init__(self) -> None:
         for name in self.fields():

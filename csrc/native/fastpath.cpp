@@ -88,6 +88,7 @@ struct Env {
   PyObject* size_warning = nullptr;   // mode._size_warning(func, got, predicted)
   PyObject* op_info = nullptr;        // mode._native_op_info(func) -> (fast, seeded, name, call)
   PyObject* effects = nullptr;        // the effects module (its _generation)
+  PyObject* effects_dict = nullptr;   // its __dict__ (borrowed from the module, which is kept)
   long recent_ops = 4, gc_min_ops = 256;
   size_t max_predictions = 1 << 16;
   bool ready = false;
@@ -102,7 +103,7 @@ struct Env {
   X(sizes) X(owning) X(metas) X(estimate) X(mutated) X(device) X(__exit__) X(cost_model) X(measured)        \
   X(untyped_storage) X(_schedule_full_poll) X(storage_of) X(defined) X(pinned) X(resident) X(storage_refs) X(begin_call)            \
   X(end_call) X(abort_call) X(op_outputs) X(forget) X(set_remat_limit) X(_core) X(core) X(on_evict) X(_on_evict) X(on_compute) X(_on_compute) \
-  X(on_pin) X(constant)
+  X(on_pin) X(constant) X(_set_device)
 struct Names {
 #define DTR_DECL(n) PyObject* n = nullptr;
   DTR_NAMES(DTR_DECL)
@@ -667,9 +668,13 @@ void flatten_out(PyObject* x, std::vector<PyObject*>& out) {  // mode.tree_flatt
 }
 
 const OpInfo* op_info(PyObject* func) {
-  Ref gen(PyObject_GetAttr(env.effects, names._generation));
-  if (!gen) return nullptr;
-  long g = PyLong_AsLong(gen.get());
+  // (the effects module's dict, read directly: a module attribute lookup first walks the module type's MRO)
+  PyObject* gen = PyDict_GetItemWithError(env.effects_dict, names._generation);
+  if (gen == nullptr) {
+    if (!PyErr_Occurred()) PyErr_SetString(PyExc_AttributeError, "dtr.runtime.effects has no _generation");
+    return nullptr;
+  }
+  long g = PyLong_AsLong(gen);
   if (g != op_generation) {
     op_infos.clear();
     op_keepalive.clear();
@@ -911,10 +916,53 @@ PyObject* commit(FastPath* f, PyObject* func, const OpInfo* info, Entry* e, Scra
   return out_ref.release();
 }
 
+// The leaf of x that DTRMode._trackable meets first (a strided tensor, neither nested nor meta): 1 with *first
+// set, 0 if there is none; -1 if x holds a dict (whose leaves this scan does not order as the reference does).
+int first_trackable(PyObject* x, PyObject** first) {
+  if (PyTuple_Check(x) || PyList_Check(x)) {
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(x);
+    PyObject** items = PySequence_Fast_ITEMS(x);
+    for (Py_ssize_t i = 0; i < n; ++i) {
+      int r = first_trackable(items[i], first);
+      if (r != 0) return r;
+    }
+    return 0;
+  }
+  if (PyDict_Check(x)) return -1;
+  if (THPVariable_Check(x)) {
+    const at::Tensor& t = THPVariable_Unpack(x);
+    if (t.defined() && t.layout() == c10::kStrided && !t.is_nested() && !t.is_meta()) {
+      *first = x;
+      return 1;
+    }
+  }
+  return 0;
+}
+
+// The block's first op with a trackable tensor sets the device (DTRMode._set_device, as the reference's
+// _trackable does), so that it runs here too. False with an error set if that failed.
+bool set_device_from(FastPath* f, PyObject* args, PyObject* kwargs) {
+  PyObject* first = nullptr;
+  int r = first_trackable(args, &first);
+  if (r == 0 && kwargs != nullptr) {
+    Py_ssize_t pos = 0;
+    PyObject *k, *v;
+    while (r == 0 && PyDict_Next(kwargs, &pos, &k, &v)) r = first_trackable(v, &first);
+  }
+  if (r <= 0) return true;  // (none, or not sure: the reference decides)
+  Ref device(PyObject_GetAttr(first, names.device));
+  Ref done(device ? PyObject_CallMethodOneArg(f->mode, names._set_device, device.get()) : nullptr);
+  return static_cast<bool>(done);
+}
+
 PyObject* fast_call(FastPath* f, PyObject* func, PyObject* types, PyObject* args, PyObject* kwargs) {
   if (kwargs == Py_None || (kwargs != nullptr && PyDict_GET_SIZE(kwargs) == 0)) kwargs = nullptr;
-  // Whether this op may take the path at all (nothing here changes any state).
   PyObject* device_type = get(f, names.device_type);
+  if (device_type == Py_None && PyTuple_Check(args)) {
+    if (!set_device_from(f, args, kwargs)) return nullptr;
+    device_type = get(f, names.device_type);
+  }
+  // Whether this op may take the path at all (nothing here changes any state).
   PyObject* opaque = get(f, names._opaque_readers);
   PyObject* timer = get(f, names.timer);
   if (device_type == nullptr || device_type == Py_None || !PyUnicode_Check(device_type) ||
@@ -1370,6 +1418,10 @@ PyObject* configure(PyObject*, PyObject* kwargs_dict) {
       !(env.rng_capture = item("rng_capture")) || !(env.size_warning = item("size_warning")) ||
       !(env.op_info = item("op_info")) || !(env.effects = item("effects")))
     return nullptr;
+  if (!PyModule_Check(env.effects) || (env.effects_dict = PyModule_GetDict(env.effects)) == nullptr) {
+    PyErr_SetString(PyExc_TypeError, "configure: effects must be the dtr.runtime.effects module");
+    return nullptr;
+  }
   PyObject *recent = item("RECENT_OPS"), *gc_min = item("GC_MIN_OPS"), *maxp = item("MAX_PREDICTIONS");
   if (!recent || !gc_min || !maxp) return nullptr;
   env.recent_ops = PyLong_AsLong(recent);

@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import functools
 import threading
-from typing import Callable, Dict, List, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 import torch.utils.dlpack
@@ -67,13 +67,22 @@ _ESCAPING_FUNCTIONS = ((torch.utils.dlpack, "to_dlpack"), (torch, "to_dlpack"))
 _HIDDEN = ("__dlpack_c_exchange_api__",)
 
 _depth = threading.local()  # escapes in progress on this thread
+# The active block's escape (blocks do not nest: one at a time), which every wrapper calls. The wrappers
+# are made once per original and kept, so that entering a block does not build them again each time.
+_active: List[Optional[Callable[[torch.Tensor, bool], None]]] = [None]
+_wrappers: Dict[Tuple[int, bool], Tuple[Callable, Callable]] = {}  # (id(original), pin) -> (original, wrapper)
 
 
-def _guarded(original: Callable, escape: Callable[[torch.Tensor, bool], None], pin: bool) -> Callable:
-    """``original(tensor, ...)`` after ``escape(tensor, pin)``, unless inside another escape."""
+def _guarded(original: Callable, pin: bool) -> Callable:
+    """``original(tensor, ...)`` after the active block's ``escape(tensor, pin)``, unless inside another escape."""
+    key = (id(original), pin)
+    made = _wrappers.get(key)
+    if made is not None and made[0] is original:
+        return made[1]
 
     def wrapper(self, *args, **kwargs):
-        if getattr(_depth, "n", 0):
+        escape = _active[0]
+        if escape is None or getattr(_depth, "n", 0):
             return original(self, *args, **kwargs)
         _depth.n = 1
         try:
@@ -84,6 +93,7 @@ def _guarded(original: Callable, escape: Callable[[torch.Tensor, bool], None], p
             _depth.n = 0
 
     functools.update_wrapper(wrapper, original)
+    _wrappers[key] = (original, wrapper)
     return wrapper
 
 
@@ -94,6 +104,8 @@ def patch_escapes(escape: Callable[[torch.Tensor, bool], None]) -> Callable[[], 
         A function that restores everything as it was.
     """
     saved: List[Tuple[object, str, object, bool]] = []  # (owner, name, original, was in owner's __dict__)
+    before = _active[0]
+    _active[0] = escape
 
     def replace(owner: object, name: str, new: object) -> None:
         own = name in vars(owner) if isinstance(owner, type) else True
@@ -103,15 +115,15 @@ def patch_escapes(escape: Callable[[torch.Tensor, bool], None]) -> Callable[[], 
     for name, pin in ESCAPING.items():
         original = getattr(torch.Tensor, name, None)
         if original is not None:
-            replace(torch.Tensor, name, _guarded(original, escape, pin))
+            replace(torch.Tensor, name, _guarded(original, pin))
     for name in _ESCAPING_PROPERTIES:
         prop = torch.Tensor.__dict__.get(name)
         if isinstance(prop, property) and prop.fget is not None:
-            replace(torch.Tensor, name, property(_guarded(prop.fget, escape, True), doc=prop.__doc__))
+            replace(torch.Tensor, name, property(_guarded(prop.fget, True), doc=prop.__doc__))
     for module, name in _ESCAPING_FUNCTIONS:
         original = getattr(module, name, None)
         if original is not None:
-            replace(module, name, _guarded(original, escape, True))
+            replace(module, name, _guarded(original, True))
     for name in _HIDDEN:
         if name in vars(torch.Tensor):
             saved.append((torch.Tensor, name, vars(torch.Tensor)[name], True))
@@ -123,5 +135,6 @@ def patch_escapes(escape: Callable[[torch.Tensor, bool], None]) -> Callable[[], 
                 setattr(owner, name, original)
             else:  # inherited (from torch._C.TensorBase): drop the wrapper to uncover it
                 delattr(owner, name)
+        _active[0] = before
 
     return restore
