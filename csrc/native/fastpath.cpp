@@ -254,7 +254,12 @@ bool scan_value(PyObject* x, Scan& s) {
       if (!scan_value(items[i], s)) return false;
     return true;
   }
-  if (THPVariable_Check(x)) {
+  // (Values that cannot be tensors first: THPVariable_Check of anything but a tensor is an isinstance call
+  // that looks __instancecheck__ up on the tensor's metaclass, the dearest step of scanning an int.)
+  bool tensor = THPVariable_CheckExact(x) ||
+                (x != Py_None && x != Py_False && x != Py_True && !PyLong_CheckExact(x) && !PyFloat_CheckExact(x) &&
+                 !PyUnicode_CheckExact(x) && THPVariable_Check(x));
+  if (tensor) {
     const at::Tensor& t = THPVariable_Unpack(x);
     if (!t.defined() || t.layout() != c10::kStrided || t.is_nested() || t.is_meta() || !t.has_storage() ||
         t.device().type() != s.device)
