@@ -28,6 +28,8 @@
 //    prediction (output sizes, positions), its flatten spec, the layouts its
 //    recipes record, and the flop estimate. All are functions of the
 //    signature. Process-wide, bounded like the reference's cache.
+//  * Python ints below 65536 (cached_int: core ids and the mode's counters);
+//    ints are immutable, so nothing here can go stale.
 #include <Python.h>
 #include <structmember.h>
 
