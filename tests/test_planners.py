@@ -5,6 +5,7 @@ from __future__ import annotations
 import heapq
 import json
 import math
+import pathlib
 import random
 import subprocess
 import sys
@@ -302,6 +303,40 @@ def test_chen_grid_search_stops_at_the_time_limit():
     assert r.status == "timeout" and r.sequence is None and "time limit" in r.message
     r = run_planner("chen", pg, budget, PlanOptions(time_limit=60.0))
     assert r.status == "ok" and r.sequence is not None
+
+
+def test_kept_constants_count_in_the_memory_lower_bound(data_dir):
+    """A constant the log keeps to the end is resident at every op that descends from it, in any order:
+    the bound counts it, and on small.jsonl (a 5-byte weight under a chain) that makes the bound tight."""
+    from dtr.sim.planners.bounds import memory_lower_bound
+    pg = plan_graph(graph_from_log(read_log(data_dir / "small.jsonl")))
+    lb = memory_lower_bound(pg)
+    # g reads a and d (10 + 10), writes e (10), and w (5, kept) is its ancestor
+    assert lb.bytes == 35 and "5 bytes of kept constants" in lb.reason
+    assert brute_force(pg, 35) is not None and brute_force(pg, 34) is None
+
+
+def test_the_bound_proves_the_unet_log_cannot_run_at_30_percent():
+    """Our unet log at 30% of its peak: every planner answers ``infeasible`` at once (the parameters and one
+    decoder step's operands do not fit together), and the valid schedules DTR finds above it peak above it."""
+    from dtr.sim.export import export_schedule
+    from dtr.sim.planners.bounds import memory_lower_bound
+    from dtr.sim.replay import baseline
+    log = read_log(pathlib.Path(__file__).resolve().parents[1] / "logs" / "unet.jsonl.gz")
+    g = graph_from_log(log)
+    pg = plan_graph(g)
+    peak = baseline(log)["peak_memory"]
+    lb = memory_lower_bound(pg)
+    assert lb.bytes > int(0.3 * peak)
+    assert run_planner("fastsa", pg, int(0.3 * peak), FAST).status == "infeasible"
+    checked = 0
+    for f in (0.45, 0.6, 0.8):
+        ex = export_schedule(log, "eqclass", int(f * peak), thrash_limit=3.0, graph=g)
+        if ex.status == "ok":
+            ev = evaluate(g, ex.schedule.steps, int(f * peak))
+            assert ev.valid and ev.peak_bytes >= lb.bytes
+            checked += 1
+    assert checked >= 2
 
 
 @pytest.mark.parametrize("seed", range(6))
