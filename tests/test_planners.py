@@ -305,6 +305,34 @@ def test_chen_grid_search_stops_at_the_time_limit():
     assert r.status == "ok" and r.sequence is not None
 
 
+@pytest.mark.parametrize("name,frac", [("resnet32", 0.3), ("unet", 0.5)])
+def test_dtr_runs_seed_the_planners(name, frac):
+    """DTR's simulated runs, as node sequences, are valid schedules that cost what the runs did; FastSA and
+    the ILP start from them, so neither returns a schedule costlier than the cheapest run that fits."""
+    import dataclasses
+
+    from dtr.sim.export import dtr_starts, export_schedule, node_sequence
+    from dtr.sim.replay import baseline
+    log = read_log(pathlib.Path(__file__).resolve().parents[1] / "logs" / f"{name}.jsonl.gz")
+    g = graph_from_log(log)
+    pg = plan_graph(g)
+    budget = int(frac * baseline(log)["peak_memory"])
+    ex = export_schedule(log, "eqclass", budget, thrash_limit=3.0, graph=g)
+    assert ex.status == "ok"
+    ev = evaluate(g, plan_schedule(pg, node_sequence(pg, ex.schedule.steps)).steps, budget)
+    assert ev.valid and ev.total_compute == pytest.approx(ex.total_compute, rel=1e-12)
+    starts = dtr_starts(pg, budget)
+    assert starts and all(c0 <= c1 for (c0, _, _), (c1, _, _) in zip(starts, starts[1:]))
+    assert any(n == "DTR's eqclass run" for _, n, _ in starts)
+    best = starts[0][0]
+    for planner in ("fastsa", "checkmate"):
+        r, ev = _run(planner, g, pg, budget, dataclasses.replace(FAST, time_limit=20))
+        assert ev is not None and ev.total_compute <= best * (1 + 1e-9), (planner, r.message)
+    # a graph that does not carry its log gets no starts
+    bare = plan_graph(dataclasses.replace(g, log=None))
+    assert dtr_starts(bare, budget) == []
+
+
 def test_kept_constants_count_in_the_memory_lower_bound(data_dir):
     """A constant the log keeps to the end is resident at every op that descends from it, in any order:
     the bound counts it, and on small.jsonl (a 5-byte weight under a chain) that makes the bound tight."""

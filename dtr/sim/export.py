@@ -2,17 +2,18 @@
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
-from typing import Optional, Union
+from typing import List, Optional, Sequence, Tuple, Union
 
 from dtr.core import ReplayStatus, TraceEvent, replay_program
 from dtr.errors import DtrError
 from dtr.heuristics import Heuristic, get_heuristic
-from dtr.sim.graph import Graph, graph_from_log
+from dtr.sim.graph import Graph, PlanGraph, graph_from_log
 from dtr.sim.logs import Log, read_log
-from dtr.sim.schedule import COMPUTE, FREE, Schedule
+from dtr.sim.schedule import COMPUTE, FREE, Schedule, ScheduleError, Step, sequence_profile, sequence_steps
 
-__all__ = ["Export", "ExportError", "export_schedule"]
+__all__ = ["Export", "ExportError", "export_schedule", "node_sequence", "dtr_starts", "START_HEURISTICS"]
 
 
 class ExportError(DtrError):
@@ -142,3 +143,89 @@ def _check_same_ids(g: Graph, raw: dict, budget: Optional[int]) -> None:
     if run[:m] != graph or len(run) > g.num_storages or (finished and len(run) != g.num_storages):
         s = next((s for s, (a, b) in enumerate(zip(run, graph)) if a != b), m)
         refuse(g.storage_op[s] if s < g.num_storages else run[s][0], f"storage {s}")
+
+
+# Note [DTR runs as starts]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~
+# A static planner sees the whole graph, so it can take any schedule as a
+# start and search for a cheaper one; the online heuristics' simulated runs
+# are such schedules, and they often fit budgets where the planners' own
+# starts do not (Chen's and Rotor's plans need chain-like graphs): on our
+# TreeLSTM log at 50% of its peak only DTR's runs (``local`` 1.204x, ``lru``
+# 1.272x, ``dtr`` 1.309x) found a schedule. So FastSA refines them and the
+# ILP takes them as incumbents (with ``PlanOptions.warm_start``), and a
+# planner seeded so never returns a schedule worse than the best run it was
+# given. The planner's result message names its start.
+# An exported run becomes a compute sequence of the planning graph's nodes
+# by keeping each computation of a node's first operator (a node's other
+# operators are its views and writes without outputs: Note [Collapsing views
+# for planners]); sequence_steps then frees every storage after its last use,
+# which is no later than the run freed it, and the sequence is kept only where
+# sequence_profile (the planners' own memory model) puts it within the
+# budget. Runs are replayed under the log's semantics with the CLI's thrash
+# limit (3), cheapest heuristic first; the full ``dtr`` heuristic, up to
+# DTR_SLOWDOWN times slower than ``eqclass`` (37x on the TreeLSTM log: 19 s),
+# runs only where that estimate fits half the time left.
+
+#: DTR's heuristics whose runs seed the planners, cheapest first (Note [DTR runs as starts]).
+START_HEURISTICS = ("local", "lru", "eqclass", "dtr")
+#: How much slower than ``eqclass`` the ``dtr`` heuristic's replay may be (measured up to 37x).
+DTR_SLOWDOWN = 40.0
+
+
+def node_sequence(pg: PlanGraph, steps: Sequence[Step]) -> List[int]:
+    """The planning graph's compute sequence of an exported run's steps (Note [DTR runs as starts]).
+
+    O(steps).
+    """
+    first = {ops[0]: v for v, ops in enumerate(pg.ops)}
+    return [first[x] for kind, x in steps if kind == COMPUTE and x in first]
+
+
+def dtr_starts(pg: PlanGraph, budget: int, deadline: Optional[float] = None,
+               thrash_limit: float = 3.0) -> List[Tuple[float, str, List[int]]]:
+    """Compute sequences from DTR's simulated runs that fit ``budget`` on the planners' model.
+
+    See Note [DTR runs as starts]. Nothing when the graph does not carry its
+    log (``Graph.log``).
+
+    Args:
+        pg: the planning graph (of a graph read by :func:`graph_from_log`).
+        budget: bytes.
+        deadline: a ``time.perf_counter()`` value: no replay starts after it
+            (one already running finishes).
+        thrash_limit: the runs' thrash limit.
+
+    Returns:
+        ``(cost, name, sequence)`` per run that fits, cheapest first.
+    """
+    log = pg.graph.log
+    if log is None:
+        return []
+    out: List[Tuple[float, str, List[int]]] = []
+    eqclass_seconds: Optional[float] = None
+    for h in START_HEURISTICS:
+        t0 = time.perf_counter()
+        if deadline is not None:
+            left = deadline - t0
+            if left <= 0:
+                break
+            if h == "dtr" and (eqclass_seconds is None or DTR_SLOWDOWN * eqclass_seconds > 0.5 * left):
+                continue
+        try:
+            ex = export_schedule(log, h, budget, thrash_limit=thrash_limit, graph=pg.graph)
+        except ExportError:
+            continue
+        if h == "eqclass":
+            eqclass_seconds = time.perf_counter() - t0
+        if ex.status != ReplayStatus.OK:
+            continue
+        seq = node_sequence(pg, ex.schedule.steps)
+        try:
+            peak, cost = sequence_profile(pg, sequence_steps(pg, seq))
+        except ScheduleError:  # (not seen: a run computes every input before its reader)
+            continue
+        if peak <= budget:
+            out.append((cost, f"DTR's {h} run", seq))
+    out.sort(key=lambda c: c[0])
+    return out

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import itertools
 import os
-from dataclasses import dataclass
-from typing import Dict, List, Optional, Tuple
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Tuple
 
 from dtr.errors import DtrError
 
@@ -72,6 +72,9 @@ class Graph:
         referenced_at_end: the tensors some handle still refers to when the
             log ends (simrd's output condition: each must be defined when a
             schedule ends), ascending.
+        log: the :class:`dtr.sim.logs.Log` it was read from (None for a graph
+            built otherwise): what replays DTR's runs over it
+            (:func:`dtr.sim.export.dtr_starts`).
     """
 
     name: str
@@ -94,6 +97,7 @@ class Graph:
     referenced_at_end: Tuple[int, ...]
     op_overwrites: Tuple[Tuple[int, ...], ...]
     op_instr: Tuple[int, ...]
+    log: Any = field(default=None, repr=False, compare=False)
 
     @property
     def num_ops(self) -> int:
@@ -145,7 +149,7 @@ def graph_from_log(log) -> Graph:
         storage_op=t["storage_op"],
         storage_constant=tuple(kinds[k] == "constant" for k in t["storage_op"]),
         storage_tensors=t["storage_tensors"], referenced_at_end=t["referenced_at_end"],
-        op_overwrites=t["op_overwrites"], op_instr=t["op_instr"])
+        op_overwrites=t["op_overwrites"], op_instr=t["op_instr"], log=log)
     _refuse_views_of_overwritten(g, log)
     return g
 

@@ -50,8 +50,9 @@ class PlanOptions:
         rounds: randomized rounding attempts of ``checkmate-lp``.
         sa_steps: FastSA's iterations (0: until the time limit or its default).
         rotor_slots: memory discretization of Rotor (slots of the budget).
-        warm_start: FastSA starts from Rotor's or Chen's plan when one fits
-            (else from the log's order); the ILP gets their cost as a cutoff.
+        warm_start: FastSA also starts from the cheapest of Rotor's plan,
+            Chen's and DTR's simulated runs that fits (Note [DTR runs as
+            starts] in dtr.sim.export); the ILP gets their cost as a cutoff.
     """
 
     time_limit: float = 60.0

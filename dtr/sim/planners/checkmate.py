@@ -13,6 +13,7 @@ from bisect import bisect_left, bisect_right
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
+from dtr.sim.export import dtr_starts
 from dtr.sim.graph import PlanGraph
 from dtr.sim.planners import PlanOptions, PlanResult, register_planner
 from dtr.sim.schedule import COMPUTE, in_place_frees, sequence_profile, sequence_steps
@@ -123,6 +124,7 @@ __all__ = ["plan_checkmate", "plan_checkmate_lp", "build_ilp", "IlpModel", "stag
 # HiGHS alone rarely finds a feasible point of the ILP on graphs of
 # hundreds of nodes within minutes. scipy's milp takes no start solution,
 # so the planner (with ``options.warm_start``) first collects incumbents:
+# DTR's simulated runs (Note [DTR runs as starts] in dtr.sim.export),
 # Rotor's and Chen's plans within the budget (Chen's grid within
 # HEURISTIC_SHARE of the time limit), and ``checkmate-lp``'s best rounding
 # (its whole search, within LP_SHARE of the time left); the ILP's own
@@ -724,7 +726,7 @@ def _verify_point(model: IlpModel, vals, time_limit: float):
 
 def heuristic_incumbents(pg: PlanGraph, budget: int, options: PlanOptions,
                          deadline: Optional[float] = None) -> List[Tuple[float, str, List[int]]]:
-    """Valid sequences within the budget from the fast planners (Rotor, Chen), cheapest first.
+    """Valid sequences within the budget from the fast planners (Rotor, Chen) and DTR's runs, cheapest first.
 
     Chen's greedy thresholds are tried one by one (its own grid, through its
     public helpers) so that ``deadline`` (a ``time.perf_counter()`` value)
@@ -733,7 +735,7 @@ def heuristic_incumbents(pg: PlanGraph, budget: int, options: PlanOptions,
     from dtr.sim.graph import chain_shape
     from dtr.sim.planners import get_planner
     from dtr.sim.planners.chen import checkpoint_sequence, greedy_checkpoints
-    found = []
+    found = dtr_starts(pg, budget, deadline)  # first: milliseconds on most logs (Note [DTR runs as starts])
 
     def consider(seq: Sequence[int], name: str) -> None:
         peak, cost = sequence_profile(pg, sequence_steps(pg, list(seq)))

@@ -10,6 +10,7 @@ import time
 from dataclasses import dataclass
 from typing import List, Optional, Sequence, Tuple
 
+from dtr.sim.export import dtr_starts
 from dtr.sim.graph import PlanGraph
 from dtr.sim.planners import PlanOptions, PlanResult, register_planner
 from dtr.sim.schedule import sequence_profile, sequence_steps
@@ -68,9 +69,10 @@ __all__ = ["plan_fastsa", "Grouping", "group_nodes", "Problem", "node_problem", 
 # - T is 8 slots per unit (a power of two, at least 4096) rather than 2^20; the
 #   mutation mix is 40% add, 40% remove, 20% rotate (the paper gives none).
 # - The time limit holds: the first stage gets at most STAGE1_SHARE of it; with
-#   a warm start (``options.warm_start``: Chen's plan, or Rotor's where its
-#   estimated time fits) the cold start gets COLD_SHARE of the time and the
-#   warm plan's second-stage refinement the rest; the cheaper result wins.
+#   a warm start (``options.warm_start``: the cheapest of Chen's plan, Rotor's
+#   where its estimated time fits, and DTR's simulated runs: Note [DTR runs as
+#   starts] in dtr.sim.export) the cold start gets COLD_SHARE of the time and
+#   the warm plan's second-stage refinement the rest; the cheaper result wins.
 # - A budget below the memory every schedule needs is refused by run_planner
 #   before this planner runs (``infeasible``: Note [A memory lower bound]).
 # The result is checked on sequence_profile. Seeded by ``options.seed``: the
@@ -389,7 +391,7 @@ REFINE, REFINE_COOL = 8, 0.1
 
 
 def _warm_start(pg: PlanGraph, budget: int, options: PlanOptions, deadline: float) -> Tuple[Optional[List[int]], str]:
-    """The cheapest sequence within the budget from Chen or Rotor (None if neither fits).
+    """The cheapest sequence within the budget from Chen, Rotor or DTR's runs (None if none fits).
 
     Rotor runs only where its estimated time (ROTOR_SECONDS per chain length squared and memory slot)
     is under a quarter of the time left, so that the warm start keeps the time limit.
@@ -412,6 +414,10 @@ def _warm_start(pg: PlanGraph, budget: int, options: PlanOptions, deadline: floa
         peak, cost = sequence_profile(pg, sequence_steps(pg, list(r.sequence)))
         if peak <= budget and (best is None or cost < best[0]):
             best = (cost, list(r.sequence), f"{name}'s plan")
+    # DTR's runs (Note [DTR runs as starts] in dtr.sim.export), in at most half the time left
+    starts = dtr_starts(pg, budget, time.perf_counter() + 0.5 * (deadline - time.perf_counter()))
+    if starts and (best is None or starts[0][0] < best[0]):
+        best = (starts[0][0], starts[0][2], starts[0][1])
     if best is None:
         return None, ""
     return best[1], best[2]
