@@ -107,7 +107,8 @@ def report(rows: List[dict], planners: List[str], budgets: List[float], time_lim
                 if r is None:
                     cells.append("-")
                 elif r["valid"] and r["overhead"] is not None and r["status"] in ("ok", "optimal", "timeout"):
-                    cells.append(f"{r['status']} **{r['overhead']:.3f}** {r['solve_seconds']:.0f}s")
+                    mark = "†" if r["kind"] == "static" and "DTR's" in r["message"] else ""
+                    cells.append(f"{r['status']} **{r['overhead']:.3f}**{mark} {r['solve_seconds']:.0f}s")
                 else:
                     cells.append(f"{r['status']} {r['solve_seconds']:.0f}s")
             best = _best(sub)
@@ -115,6 +116,8 @@ def report(rows: List[dict], planners: List[str], budgets: List[float], time_lim
             out.append(f"| {log} | {b:.0%} | " + " | ".join(cells) +
                        f" | {'-' if best is None else best['planner'] + ' ' + format(best['overhead'], '.3f')} | "
                        f"{_headline(dtr_row, best)} |")
+    out += ["", "† the schedule is one of DTR's simulated runs or was refined from one (Note [DTR runs as starts] "
+            "in dtr/sim/export.py); each such row's message in the JSON names the run and its overhead."]
     if figure:
         out += ["", "![overhead and solve time per planner]({figure})"]  # (update() makes it relative)
     out += ["", END]

@@ -420,4 +420,5 @@ def _warm_start(pg: PlanGraph, budget: int, options: PlanOptions, deadline: floa
         best = (starts[0][0], starts[0][2], starts[0][1])
     if best is None:
         return None, ""
-    return best[1], best[2]
+    base = sum(pg.cost)
+    return best[1], f"{best[2]} at {best[0] / base:.4f}x" if base > 0 else best[2]
