@@ -232,6 +232,19 @@ def test_compare_rows_and_cli(tmp_path, capsys):
     assert "valid: chen" in capsys.readouterr().err
 
 
+def test_compare_cold_turns_the_warm_starts_off(capsys):
+    """``--cold``: FastSA searches from its own start only, so it cannot name DTR's run as its start."""
+    path = str(pathlib.Path(__file__).resolve().parents[1] / "logs" / "resnet32.jsonl.gz")
+    args = ["compare", path, "--budget", "30%", "--planners", "fastsa", "--heuristics", "none", "--time-limit", "3",
+            "--json"]
+    assert main(args) == 0
+    warm = json.loads(capsys.readouterr().out)[0]
+    assert warm["valid"] and "from DTR's" in warm["message"]
+    assert main(args + ["--cold"]) == 0
+    cold = json.loads(capsys.readouterr().out)[0]
+    assert ("DTR's" not in cold["message"] and "cold start" in cold["message"]) or cold["status"] == "oom"
+
+
 def test_compare_na_on_unplannable_graph():
     from test_stress import random_log
     rows = compare(parse_text(random_log(0)), [10**6], ["rotor", "checkmate"], heuristics=["eqclass"])

@@ -67,6 +67,8 @@ def _compare_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--time-limit", type=positive_seconds, default=60.0, metavar="S",
                    help="seconds for the ILP (and FastSA, hierarchical) per budget (default: 60)")
     p.add_argument("--seed", type=seed_type, default=0, help="seed of the randomized planners (default: 0)")
+    p.add_argument("--cold", action="store_true",
+                   help="planners search from scratch: no warm starts from Chen's, Rotor's or DTR's schedules")
     p.add_argument("--thrash-limit", type=thrash_limit_type, default=3.0, metavar="X",
                    help="the simulator's thrash limit (default: 3)")
     p.add_argument("--json", action="store_true", help="print a JSON list")
@@ -97,7 +99,7 @@ def compare_command(args: argparse.Namespace) -> int:
         assert one is not None  # (argparse requires --budget or --budgets)
         budgets = [one]
     rows = compare(log, budgets, names, heuristics=heur, thrash_limit=args.thrash_limit, baseline_peak=peak0,
-                   options=PlanOptions(time_limit=args.time_limit, seed=args.seed))
+                   options=PlanOptions(time_limit=args.time_limit, seed=args.seed, warm_start=not args.cold))
     if args.plot:
         plot_rows(rows, args.plot, title=f"{args.log}")
     if args.json:
