@@ -70,8 +70,11 @@ def _best(rows: List[dict]) -> Optional[dict]:
     return min(ok, key=lambda r: r["overhead"]) if ok else None
 
 
-def _headline(dtr_row: Optional[dict], best: Optional[dict]) -> str:
+def _headline(dtr_row: Optional[dict], best: Optional[dict], rows: List[dict]) -> str:
     if best is None:
+        static = [r for r in rows if r["kind"] == "static"]
+        if static and all(r["status"] == "infeasible" for r in static):
+            return "proven infeasible"
         return "no static schedule"
     if dtr_row is None or dtr_row["status"] != "ok" or not dtr_row["valid"]:
         return f"DTR {dtr_row['status'] if dtr_row else 'missing'}"
@@ -115,7 +118,7 @@ def report(rows: List[dict], planners: List[str], budgets: List[float], time_lim
             dtr_row = next((x for x in sub if x["planner"] == HEURISTIC), None)
             out.append(f"| {log} | {b:.0%} | " + " | ".join(cells) +
                        f" | {'-' if best is None else best['planner'] + ' ' + format(best['overhead'], '.3f')} | "
-                       f"{_headline(dtr_row, best)} |")
+                       f"{_headline(dtr_row, best, sub)} |")
     out += ["", "† the schedule is one of DTR's simulated runs or was refined from one (Note [DTR runs as starts] "
             "in dtr/sim/export.py); each such row's message in the JSON names the run and its overhead."]
     if figure:
