@@ -346,6 +346,24 @@ def test_dtr_runs_seed_the_planners(name, frac):
     assert dtr_starts(bare, budget) == []
 
 
+def test_dtr_starts_keep_the_deadline(monkeypatch):
+    """No replay starts after the deadline, and the slow ``dtr`` heuristic runs only where its estimated
+    time (DTR_SLOWDOWN times eqclass's) fits half the time left."""
+    import time
+
+    from dtr.sim import export
+    from dtr.sim.replay import baseline
+    log = read_log(pathlib.Path(__file__).resolve().parents[1] / "logs" / "resnet32.jsonl.gz")
+    pg = plan_graph(graph_from_log(log))
+    budget = int(0.5 * baseline(log)["peak_memory"])
+    assert export.dtr_starts(pg, budget, time.perf_counter() - 1.0) == []
+    names = {n for _, n, _ in export.dtr_starts(pg, budget, time.perf_counter() + 600.0)}
+    assert "DTR's dtr run" in names and "DTR's eqclass run" in names
+    monkeypatch.setattr(export, "DTR_SLOWDOWN", 1e12)
+    names = {n for _, n, _ in export.dtr_starts(pg, budget, time.perf_counter() + 600.0)}
+    assert "DTR's dtr run" not in names and "DTR's eqclass run" in names
+
+
 def test_kept_constants_count_in_the_memory_lower_bound(data_dir):
     """A constant the log keeps to the end is resident at every op that descends from it, in any order:
     the bound counts it, and on small.jsonl (a 5-byte weight under a chain) that makes the bound tight."""
