@@ -25,14 +25,29 @@ __all__ = ["MemoryBound", "memory_lower_bound"]
 #   resident now in any order of computation. This is what makes the bound
 #   prove, for instance, that our unet log cannot run at 30% of its peak: its
 #   parameters and the largest decoder step's operands do not fit together;
-# - the end: every storage referenced at the end is resident.
-# The bound is the larger of the two maxima. It ignores everything else that
+# - the end: every storage referenced at the end is resident;
+# - the last computations of the nodes that hold such storages (a model's
+#   final gradients). A storage becomes resident only when its node is
+#   computed, so after a node's last computation its storages referenced at
+#   the end stay resident to the end. Whichever order those last computations
+#   come in, the j-th finds the earlier ones' kept storages resident beside
+#   its own operands, outputs and kept constants: max_j(P_j + a_j), with P_j
+#   the earlier ones' kept bytes and a_j the j-th's own need (its operands
+#   kept at the end are left out of a_j: they may be among the earlier ones,
+#   and counting them twice could claim too much). An order by a_j - s_j
+#   descending (s_j: the node's kept bytes) minimizes that maximum (exchanging
+#   two neighbours out of that order never lowers it), so the bound takes that
+#   order's maximum, which holds for every schedule. This is what proves our
+#   treelstm log infeasible at 30%: its parameters, its ten final gradients and
+#   the operands of whichever gradient is finished last do not fit together.
+# The bound is the largest of the three. It ignores everything else that
 # is live at those moments, so it is loose, but a budget below it is
 # infeasible for every planner (``infeasible``, with the bytes needed), which
 # no search could discover by failing. The kept constants an ancestor set
 # holds are a bitmask per node (the OR of its inputs' masks), summed once per
 # distinct mask: O((nodes + reads) * K / 64) with K kept constants, and a
-# fraction of a second on our 45k-node TreeLSTM log.
+# fraction of a second on our 45k-node TreeLSTM log; the order of the last
+# computations sorts the nodes holding kept storages: O(n log n) more.
 
 
 class MemoryBound(NamedTuple):
@@ -51,6 +66,7 @@ def memory_lower_bound(pg: PlanGraph) -> MemoryBound:
     g = pg.graph
     size = g.storage_size
     kept = [s for s in sorted(pg.storages_referenced_at_end) if g.storage_constant[s]]
+    final = {s for s in pg.storages_referenced_at_end if not g.storage_constant[s]}
     bit = {s: 1 << i for i, s in enumerate(kept)}
     node_bits = [0] * pg.n
     for s in kept:
@@ -58,6 +74,7 @@ def memory_lower_bound(pg: PlanGraph) -> MemoryBound:
     mask = [0] * pg.n       # per node: the kept constants among its ancestors and itself
     summed: dict = {0: 0}   # mask -> its bytes
     best, why = 0, "nothing to compute"
+    lasts = []              # (a_j - s_j, a_j, s_j, node) of each node holding final storages
     for v in range(pg.n):
         m = node_bits[v]
         for d in pg.deps[v]:
@@ -77,7 +94,22 @@ def memory_lower_bound(pg: PlanGraph) -> MemoryBound:
             best, why = need, (f"computing {g.op_name[k]} (log line {g.op_line[k]}) needs its inputs, its "
                                f"{own} bytes of outputs and the {summed[held]} bytes of kept constants computed "
                                f"before it resident together")
+        s_v = sum(size[s] for s in pg.storages[v] if s in final)
+        if s_v:
+            a_v = need - sum(size[s] for s in operands if s in final)
+            lasts.append((a_v - s_v, a_v, s_v, v))
     at_end = sum(size[s] for s in pg.storages_referenced_at_end)
     if at_end > best:
         best, why = at_end, "the storages still referenced at the end of the log must be resident together"
+    lasts.sort(key=lambda x: (-x[0], x[3]))
+    earlier = 0
+    for _, a_v, s_v, v in lasts:
+        if earlier + a_v > best:
+            k = pg.ops[v][0]
+            best, why = earlier + a_v, (
+                f"the last computations of the {len(lasts)} nodes whose outputs are referenced at the end, in "
+                f"any order: the one that needs the most finds the earlier ones' {earlier} bytes of such outputs "
+                f"resident beside its own operands, outputs and kept constants ({a_v} bytes; e.g. "
+                f"{g.op_name[k]} at log line {g.op_line[k]})")
+        earlier += s_v
     return MemoryBound(best, why)
