@@ -601,16 +601,17 @@ bool poll_recent(FastPath* f, PyObject* recent, Scratch& scratch) {
   return true;
 }
 
-// DTRMode.poll(): the scheduled full poll. The scan for dead storages runs here; only when it finds
-// one does the reference's poll() run (it scans again and releases, protects or keeps).
-bool poll_full(FastPath* f) {
+// DTRMode.poll(): the scheduled full poll, over every live handle. As in poll_recent, dead activations are
+// released here; a dead constant sends the whole poll to the reference (it protects, keeps or releases).
+bool poll_full(FastPath* f, Scratch& scratch) {
   Ref r(PyObject_CallMethodNoArgs(f->mode, names._schedule_full_poll));
   if (!r) return false;
   PyObject* alive = get(f, names.alive);
   PyObject* phys = get(f, names.phys);
+  std::vector<PyObject*>& dead = scratch.dead;  // borrowed from alive until the releases start
   Py_ssize_t pos = 0;
   PyObject *h, *t;
-  bool any = false;
+  bool constant = false;
   while (PyDict_Next(alive, &pos, &h, &t)) {
     int s = storage_of(f, PyLong_AsLong(t));
     if (s < 0) return false;
@@ -618,11 +619,22 @@ bool poll_full(FastPath* f) {
     if (b == nullptr) return false;
     int d = buf_dead(b);
     if (d < 0) return false;
-    if (d) { any = true; break; }
+    if (!d) continue;
+    int p = api->pinned(f->c, s);
+    if (p < 0) return false;
+    if (p) { constant = true; break; }
+    dead.push_back(h);
   }
-  if (!any) return true;
-  Ref r2(PyObject_CallMethodNoArgs(f->mode, names.poll));
-  return static_cast<bool>(r2);
+  if (constant) {
+    Ref r2(PyObject_CallMethodNoArgs(f->mode, names.poll));
+    return static_cast<bool>(r2);
+  }
+  std::vector<Ref> keep;  // releasing deletes the handles from alive
+  keep.reserve(dead.size());
+  for (PyObject* d : dead) keep.push_back(borrowed(d));
+  for (PyObject* d : dead)
+    if (!release(f, d)) return false;
+  return true;
 }
 
 PyObject* new_handle(FastPath* f) {
@@ -1034,7 +1046,7 @@ PyObject* fast_call(FastPath* f, PyObject* func, PyObject* types, PyObject* args
     }
   }
   if (full) {
-    if (!poll_full(f)) return nullptr;
+    if (!poll_full(f, scratch)) return nullptr;
   } else {
     PyObject* recent = get(f, names._recent_ops);
     if (recent != nullptr && PyList_GET_SIZE(recent) > 0 && !poll_recent(f, recent, scratch)) return nullptr;
