@@ -3,7 +3,7 @@
 Usage:
     python benchmarks/bench_compare_logs.py [--time-limit 120] [--workers 2] [--budgets 0.5,0.3]
         [--planners all] [--json benchmarks/compare_logs.json] [--figure benchmarks/compare_logs.png]
-        [--update benchmarks/PLANNERS.md --update EXPERIMENTS.md]
+        [--update benchmarks/PLANNERS.md --update EXPERIMENTS.md] [--logs NAME,... --merge]
 
 The logs: the three published with the DTR paper (../shared/simrd-logs, or
 $DTR_SHARED/simrd-logs; skipped when absent) and every log in logs/. Each
@@ -15,6 +15,10 @@ exported as schedules (thrash limit 3, the CLI's default).
 The headline measure, per log and budget: online DTR's (eqclass) extra
 compute over the best valid static schedule's, (eqclass - 1) / (best - 1):
 above 1, the best static plan recomputes less than DTR.
+
+``--logs`` runs only the named logs (as the report names them); with
+``--merge``, the other logs' rows are kept from the ``--json`` file of an
+earlier run, and the report says which rows are new.
 
 ``--update FILE`` replaces the section between ``<!-- compare-logs:begin -->``
 and ``<!-- compare-logs:end -->`` in FILE with the report (appended when the
@@ -85,7 +89,7 @@ def _headline(dtr_row: Optional[dict], best: Optional[dict], rows: List[dict]) -
 
 
 def report(rows: List[dict], planners: List[str], budgets: List[float], time_limit: float, workers: int,
-           wall: float, figure: Optional[str]) -> str:
+           wall: float, figure: Optional[str], rerun: Optional[List[str]] = None) -> str:
     by: Dict[Tuple[str, float], List[dict]] = {}
     for r in rows:
         by.setdefault((r["log"], r["ratio_requested"]), []).append(r)
@@ -99,6 +103,10 @@ def report(rows: List[dict], planners: List[str], budgets: List[float], time_lim
            f"`{HEURISTIC}` is online DTR (the simulator's run, thrash limit 3). "
            "**Headline**: DTR's extra compute / the best static plan's extra compute "
            "(above 1: the static plan recomputes less).", ""]
+    if rerun:
+        out[-1:] = [f"The rows of {', '.join(rerun)} come from a later run (`--logs {','.join(rerun)} --merge`, "
+                    f"{datetime.date.today().isoformat()}, the time above); the others from the earlier run "
+                    "saved in the JSON.", ""]
     head = ["log", "budget", *planners, HEURISTIC, "best static", "headline"]
     out += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for log in logs:
@@ -205,12 +213,26 @@ def main(argv=None) -> int:
     ap.add_argument("--json", default=None, help="write every row here")
     ap.add_argument("--figure", default=None, help="draw overhead per log and solve times here (PNG)")
     ap.add_argument("--update", action="append", default=[], help="replace the report's section in this file")
+    ap.add_argument("--logs", default=None, help="run only these logs (comma-separated names, as in the report)")
+    ap.add_argument("--merge", action="store_true", help="with --logs: keep the other logs' rows from --json")
     args = ap.parse_args(argv)
+    if args.merge and not (args.logs and args.json and Path(args.json).exists()):
+        ap.error("--merge needs --logs and an existing --json file to merge into")
     planners = planner_names() if args.planners == "all" else [p for p in args.planners.split(",") if p]
     budgets = [float(x) for x in args.budgets.split(",")]
-    logs = _logs()
+    every = _logs()
+    logs = every
+    if args.logs:
+        wanted = [x for x in args.logs.split(",") if x]
+        known = [n for n, _ in every]
+        unknown = [x for x in wanted if x not in known]
+        if unknown:
+            ap.error(f"unknown log(s) {', '.join(unknown)}; the logs are: {', '.join(known)}")
+        logs = [(n, p) for n, p in every if n in wanted]
     t0 = time.time()
     rows: List[dict] = []
+    if args.merge:
+        rows = [r for r in json.loads(Path(args.json).read_text()) if r["log"] not in {n for n, _ in logs}]
     with cf.ProcessPoolExecutor(max_workers=args.workers) as ex:
         peaks = dict(zip([str(p) for _, p in logs], ex.map(_peak, [str(p) for _, p in logs])))
         jobs = {}
@@ -228,14 +250,15 @@ def main(argv=None) -> int:
                 print(f"[{time.time() - t0:5.0f}s] {name} {ratio:.0%} {r['planner']}: {r['status']} "
                       f"{r['overhead']} {r['solve_seconds']:.1f}s", file=sys.stderr, flush=True)
     wall = time.time() - t0
-    order = {n: k for k, (n, _) in enumerate(logs)}
+    order = {n: k for k, (n, _) in enumerate(every)}
     names = planners + [HEURISTIC]
     rows.sort(key=lambda r: (order[r["log"]], -r["ratio_requested"], names.index(r["planner"])))
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1) + "\n")
     if args.figure:
         plot(rows, planners, args.figure)
-    section = report(rows, planners, budgets, args.time_limit, args.workers, wall, args.figure)
+    section = report(rows, planners, budgets, args.time_limit, args.workers, wall, args.figure,
+                     rerun=[n for n, _ in logs] if args.merge else None)
     print(section.replace("{figure}", str(args.figure)))
     for f in args.update:
         update(Path(f), section, args.figure)
