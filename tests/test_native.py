@@ -159,6 +159,40 @@ def test_the_native_path_runs_most_ops_and_hands_the_rest_to_the_reference():
     assert "__torch_dispatch__" not in b._mode.__dict__  # the block's end drops the cycle mode <-> path
 
 
+def test_full_polls_release_dropped_activations_natively(monkeypatch):
+    """The native full poll releases the activations the program dropped itself; the reference's poll (a
+    Python scan of every live tensor) runs only for a dropped constant. The accounting is the reference's."""
+    from dtr.runtime.mode import DTRMode
+
+    def program():
+        torch.manual_seed(0)
+        w = torch.randn(16, 16)
+        keep = []
+        for i in range(200):  # tensors outlive the last ops' window, then the program drops them
+            keep.append(torch.tanh(torch.randn(8, 16) @ w))
+            if len(keep) > 12:
+                del keep[0]
+        return torch.stack(keep).sum()
+
+    calls = []
+    real = DTRMode.poll
+    monkeypatch.setattr(DTRMode, "poll", lambda self, handles=None: (calls.append(handles), real(self, handles)))
+    stats = {}
+    for path in (True, False):
+        calls.clear()
+        with dtr.budget(None, native=path, cost_model="flops") as b:
+            out = program()
+            full = [h for h in calls if h is None]  # (the block's end polls on both paths)
+        stats[path] = (b.stats["peak_bytes"], b.stats["memory_bytes"], float(out))
+        del out  # (else the next block counts it as a constant it carries)
+        gc.collect()
+        if path:
+            assert full == [], "the native full poll handed a scan to the reference"
+        else:
+            assert full
+    assert stats[True] == stats[False]
+
+
 def test_buffer_liveness_reads_the_same_on_both_paths():
     """The native reading of _Buf.dead() (reference counts included) agrees with the reference's, state by state."""
     m = native.native_module()
