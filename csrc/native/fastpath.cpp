@@ -13,7 +13,8 @@
 // interleaved op by op and make the same decisions; tests/test_native.py runs
 // the runtime's tests on both and compares recorded logs line by line.
 // Anything else (first sight of a signature, ops that write, factories,
-// escapes, other layouts, CUDA event timing, full polls, collection,
+// escapes, other layouts, CUDA event timing, full polls that find a dead
+// constant, collection,
 // recomputation and eviction, which run from the core's hooks) is the
 // reference's own code, called from here. The core (dtr._C) stays torch-free:
 // this module reaches it only through the C table dtr._C exports for it
