@@ -96,7 +96,8 @@ def memory_lower_bound(pg: PlanGraph) -> MemoryBound:
                                f"before it resident together")
         s_v = sum(size[s] for s in pg.storages[v] if s in final)
         if s_v:
-            a_v = need - sum(size[s] for s in operands if s in final)
+            # (a final storage it overwrote would be counted twice: in `own` and among the earlier ones)
+            a_v = need - sum(size[s] for s in (*operands, *overwritten) if s in final)
             lasts.append((a_v - s_v, a_v, s_v, v))
     at_end = sum(size[s] for s in pg.storages_referenced_at_end)
     if at_end > best:
