@@ -43,36 +43,26 @@ def hetero_chain(n: int, rng: random.Random) -> str:
     return "\n".join(lines) + "\n"
 
 
-def random_dag(seed: int, n: int = 9) -> str:
-    """A small random DAG log without views (every planner applies)."""
+def random_dag(seed: int, n: int = 9, *, kept: int = 0) -> str:
+    """A small random DAG log without views (every planner applies).
+
+    With ``kept``, 1 to ``kept`` of its outputs are kept to the end (a model's final gradients), the
+    constant is 1-3 bytes, and ops read up to three values of 1-5 bytes.
+    """
     rng = random.Random(seed)
     d = json.dumps
-    lines = [d({"op": "meta", "version": 1}), d({"op": "constant", "id": "w", "size": 1})]
+    fan_in, top = (3, 5) if kept else (2, 4)
+    lines = [d({"op": "meta", "version": 1}),
+             d({"op": "constant", "id": "w", "size": rng.randint(1, 3) if kept else 1})]
     names = ["w"]
     for i in range(n):
-        ins = rng.sample(names, k=min(len(names), rng.randint(1, 2)))
+        ins = rng.sample(names, k=min(len(names), rng.randint(1, fan_in)))
         lines.append(d({"op": "call", "name": "f", "inputs": ins, "outputs": [f"x{i}"],
-                        "sizes": [rng.randint(1, 4)], "aliases": [None], "cost": rng.randint(1, 4)}))
+                        "sizes": [rng.randint(1, top)], "aliases": [None], "cost": rng.randint(1, 4)}))
         names.append(f"x{i}")
+    keep = set(rng.sample(names[1:-1], k=rng.randint(1, kept))) if kept else set()
     for x in names[1:-1]:
-        lines.append(d({"op": "release", "id": x}))
-    return "\n".join(lines) + "\n"
-
-
-def random_dag_kept(seed: int, n: int = 7) -> str:
-    """A small random DAG log that keeps several outputs to the end (a model's final gradients)."""
-    rng = random.Random(seed)
-    d = json.dumps
-    lines = [d({"op": "meta", "version": 1}), d({"op": "constant", "id": "w", "size": rng.randint(1, 3)})]
-    names = ["w"]
-    for i in range(n):
-        ins = rng.sample(names, k=min(len(names), rng.randint(1, 3)))
-        lines.append(d({"op": "call", "name": "f", "inputs": ins, "outputs": [f"x{i}"],
-                        "sizes": [rng.randint(1, 5)], "aliases": [None], "cost": rng.randint(1, 4)}))
-        names.append(f"x{i}")
-    kept = set(rng.sample(names[1:-1], k=rng.randint(1, 3)))
-    for x in names[1:-1]:
-        if x not in kept:
+        if x not in keep:
             lines.append(d({"op": "release", "id": x}))
     return "\n".join(lines) + "\n"
 
@@ -422,7 +412,7 @@ def test_memory_lower_bound_holds_where_many_outputs_are_kept():
     from dtr.sim.planners.bounds import memory_lower_bound
     by_last = tight = 0
     for seed in range(60):
-        pg = plan_graph(graph_from_log(parse_text(random_dag_kept(seed))))
+        pg = plan_graph(graph_from_log(parse_text(random_dag(seed, n=7, kept=3))))
         lb = memory_lower_bound(pg)
         assert brute_force(pg, lb.bytes - 1) is None, seed
         by_last += "last computations" in lb.reason
