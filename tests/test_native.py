@@ -168,7 +168,7 @@ def test_full_polls_release_dropped_activations_natively(monkeypatch):
         torch.manual_seed(0)
         w = torch.randn(16, 16)
         keep = []
-        for i in range(200):  # tensors outlive the last ops' window, then the program drops them
+        for _ in range(200):  # tensors outlive the last ops' window, then the program drops them
             keep.append(torch.tanh(torch.randn(8, 16) @ w))
             if len(keep) > 12:
                 del keep[0]
