@@ -16,9 +16,10 @@ The headline measure, per log and budget: online DTR's (eqclass) extra
 compute over the best valid static schedule's, (eqclass - 1) / (best - 1):
 above 1, the best static plan recomputes less than DTR.
 
-``--logs`` runs only the named logs (as the report names them); with
-``--merge``, the other logs' rows are kept from the ``--json`` file of an
-earlier run, and the report says which rows are new.
+``--logs`` runs only the named logs (as the report names them), ``--planners``
+only the named planners; with ``--merge``, the other rows are kept from the
+``--json`` file of earlier runs. Each row records its run (date and the
+options that select it), and the report lists the runs and what each covers.
 
 ``--update FILE`` replaces the section between ``<!-- compare-logs:begin -->``
 and ``<!-- compare-logs:end -->`` in FILE with the report (appended when the
@@ -89,7 +90,7 @@ def _headline(dtr_row: Optional[dict], best: Optional[dict], rows: List[dict]) -
 
 
 def report(rows: List[dict], planners: List[str], budgets: List[float], time_limit: float, workers: int,
-           wall: float, figure: Optional[str], rerun: Optional[List[str]] = None) -> str:
+           wall: float, figure: Optional[str]) -> str:
     by: Dict[Tuple[str, float], List[dict]] = {}
     for r in rows:
         by.setdefault((r["log"], r["ratio_requested"]), []).append(r)
@@ -103,10 +104,15 @@ def report(rows: List[dict], planners: List[str], budgets: List[float], time_lim
            f"`{HEURISTIC}` is online DTR (the simulator's run, thrash limit 3). "
            "**Headline**: DTR's extra compute / the best static plan's extra compute "
            "(above 1: the static plan recomputes less).", ""]
-    if rerun:
-        out[-1:] = [f"The rows of {', '.join(rerun)} come from a later run (`--logs {','.join(rerun)} --merge`, "
-                    f"{datetime.date.today().isoformat()}, the time above); the others from the earlier run "
-                    "saved in the JSON.", ""]
+    runs: Dict[str, Tuple[List[str], List[str]]] = {}
+    for r in rows:
+        ls, ps = runs.setdefault(r.get("run", "this run"), ([], []))
+        ls.append(r["log"]) if r["log"] not in ls else None
+        ps.append(r["planner"]) if r["planner"] not in ps else None
+    if len(runs) > 1:
+        out[-1:] = ["The rows come from several runs (each row's `run` in the JSON; the time above is the latest):",
+                    ""] + [f"- {run}: {', '.join(ps)} on {', '.join(ls) if len(ls) < len(set(r['log'] for r in rows)) else 'every log'}"
+                           for run, (ls, ps) in runs.items()] + [""]
     head = ["log", "budget", *planners, HEURISTIC, "best static", "headline"]
     out += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for log in logs:
@@ -214,10 +220,11 @@ def main(argv=None) -> int:
     ap.add_argument("--figure", default=None, help="draw overhead per log and solve times here (PNG)")
     ap.add_argument("--update", action="append", default=[], help="replace the report's section in this file")
     ap.add_argument("--logs", default=None, help="run only these logs (comma-separated names, as in the report)")
-    ap.add_argument("--merge", action="store_true", help="with --logs: keep the other logs' rows from --json")
+    ap.add_argument("--merge", action="store_true",
+                    help="with --logs or --planners: keep the other rows from --json")
     args = ap.parse_args(argv)
-    if args.merge and not (args.logs and args.json and Path(args.json).exists()):
-        ap.error("--merge needs --logs and an existing --json file to merge into")
+    if args.merge and not ((args.logs or args.planners != "all") and args.json and Path(args.json).exists()):
+        ap.error("--merge needs --logs or --planners and an existing --json file to merge into")
     planners = planner_names() if args.planners == "all" else [p for p in args.planners.split(",") if p]
     budgets = [float(x) for x in args.budgets.split(",")]
     every = _logs()
@@ -231,8 +238,12 @@ def main(argv=None) -> int:
         logs = [(n, p) for n, p in every if n in wanted]
     t0 = time.time()
     rows: List[dict] = []
+    flags = [f"--{k} {v}" for k, v in (("logs", args.logs), ("planners", args.planners)) if v and v != "all"]
+    run = f"{datetime.date.today().isoformat()} `{' '.join(flags + (['--merge'] if args.merge else []))}`" \
+        if flags else f"{datetime.date.today().isoformat()} (full run)"
     if args.merge:
-        rows = [r for r in json.loads(Path(args.json).read_text()) if r["log"] not in {n for n, _ in logs}]
+        new = ({n for n, _ in logs}, set(planners) | {HEURISTIC})
+        rows = [r for r in json.loads(Path(args.json).read_text()) if not (r["log"] in new[0] and r["planner"] in new[1])]
     with cf.ProcessPoolExecutor(max_workers=args.workers) as ex:
         peaks = dict(zip([str(p) for _, p in logs], ex.map(_peak, [str(p) for _, p in logs])))
         jobs = {}
@@ -245,20 +256,21 @@ def main(argv=None) -> int:
         for fut in cf.as_completed(jobs):
             name, ratio, planner = jobs[fut]
             for r in fut.result():
-                r.update(log=name, ratio_requested=ratio)
+                r.update(log=name, ratio_requested=ratio, run=run)
                 rows.append(r)
                 print(f"[{time.time() - t0:5.0f}s] {name} {ratio:.0%} {r['planner']}: {r['status']} "
                       f"{r['overhead']} {r['solve_seconds']:.1f}s", file=sys.stderr, flush=True)
     wall = time.time() - t0
     order = {n: k for k, (n, _) in enumerate(every)}
+    if args.merge:  # every planner with rows, in the registry's order
+        planners = [p for p in planner_names() if any(r["planner"] == p for r in rows)]
     names = planners + [HEURISTIC]
     rows.sort(key=lambda r: (order[r["log"]], -r["ratio_requested"], names.index(r["planner"])))
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1) + "\n")
     if args.figure:
         plot(rows, planners, args.figure)
-    section = report(rows, planners, budgets, args.time_limit, args.workers, wall, args.figure,
-                     rerun=[n for n, _ in logs] if args.merge else None)
+    section = report(rows, planners, budgets, args.time_limit, args.workers, wall, args.figure)
     print(section.replace("{figure}", str(args.figure)))
     for f in args.update:
         update(Path(f), section, args.figure)

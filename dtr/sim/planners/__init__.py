@@ -7,7 +7,8 @@ into a schedule with frees, and :func:`dtr.sim.schedule.evaluate` checks it.
 Planners never import numpy or scipy at module import time.
 
 Registered: ``chen`` (sqrt(n) segments / greedy), ``rotor`` (dynamic
-programming on forward-backward chains), ``checkmate`` (the ILP on HiGHS),
+programming on forward-backward chains), ``lookahead`` (on-demand evictions
+chosen with the future known), ``checkmate`` (the ILP on HiGHS),
 ``checkmate-lp`` (its LP relaxation with randomized rounding), ``fastsa``
 (simulated annealing), ``hierarchical`` (Rockmate-style: a chain of parts,
 exact options per part, a DP over the chain).
@@ -34,7 +35,7 @@ __all__ = ["PlanOptions", "PlanResult", "register_planner", "get_planner", "plan
 #: with the best incumbent it could not improve on and a gap),
 #: ``oom`` (a heuristic search, ``chen``, ``fastsa``, ``checkmate-lp``'s
 #: rounding or ``hierarchical``, found no plan within the budget; one may
-#: still exist), ``n/a``
+#: still exist; ``lookahead`` also when its plans thrash), ``n/a``
 #: (the planner does not apply to this graph).
 STATUSES = ("optimal", "ok", "infeasible", "timeout", "oom", "n/a")
 
@@ -51,7 +52,7 @@ class PlanOptions:
         sa_steps: FastSA's iterations (0: until the time limit or its default).
         rotor_slots: memory discretization of Rotor (slots of the budget).
         warm_start: FastSA also starts from the cheapest of Rotor's plan,
-            Chen's and DTR's simulated runs that fits (Note [DTR runs as
+            Chen's, lookahead's and DTR's simulated runs that fits (Note [DTR runs as
             starts] in dtr.sim.export); the ILP gets their cost as a cutoff.
     """
 
@@ -145,4 +146,4 @@ def run_planner(name: str, pg: PlanGraph, budget: int, options: Optional[PlanOpt
 
 # The planners register themselves on import (they import numpy/scipy lazily), in the order of
 # planner_names(): cheapest first, so this import is not sorted.
-from dtr.sim.planners import chen, rotor, checkmate, fastsa, hierarchical  # noqa: E402,F401,I001
+from dtr.sim.planners import chen, rotor, lookahead, checkmate, fastsa, hierarchical  # noqa: E402,F401,I001

@@ -7,7 +7,7 @@ decomposes the groups between the two stages and checks the result.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import List, Optional, Sequence, Tuple
 
 from dtr.sim.export import dtr_starts
@@ -70,8 +70,9 @@ __all__ = ["plan_fastsa", "Grouping", "group_nodes", "Problem", "node_problem", 
 #   mutation mix is 40% add, 40% remove, 20% rotate (the paper gives none).
 # - The time limit holds: the first stage gets at most STAGE1_SHARE of it; with
 #   a warm start (``options.warm_start``: the cheapest of Chen's plan, Rotor's
-#   where its estimated time fits, and DTR's simulated runs: Note [DTR runs as
-#   starts] in dtr.sim.export) the cold start gets COLD_SHARE of the time and
+#   where its estimated time fits, lookahead's and DTR's simulated runs, the
+#   planners with a quarter of the time left each: Note [DTR runs as starts]
+#   in dtr.sim.export) the cold start gets COLD_SHARE of the time and
 #   the warm plan's second-stage refinement the rest; the cheaper result wins.
 # - A budget below the memory every schedule needs is refused by run_planner
 #   before this planner runs (``infeasible``: Note [A memory lower bound]).
@@ -391,7 +392,7 @@ REFINE, REFINE_COOL = 8, 0.1
 
 
 def _warm_start(pg: PlanGraph, budget: int, options: PlanOptions, deadline: float) -> Tuple[Optional[List[int]], str]:
-    """The cheapest sequence within the budget from Chen, Rotor or DTR's runs (None if none fits).
+    """The cheapest sequence within the budget from Chen, Rotor, lookahead or DTR's runs (None if none fits).
 
     Rotor runs only where its estimated time (ROTOR_SECONDS per chain length squared and memory slot)
     is under a quarter of the time left, so that the warm start keeps the time limit.
@@ -399,14 +400,15 @@ def _warm_start(pg: PlanGraph, budget: int, options: PlanOptions, deadline: floa
     from dtr.sim.graph import chain_shape
     from dtr.sim.planners import get_planner
     best: Optional[Tuple[float, List[int], str]] = None
-    for name in ("chen", "rotor"):
+    for name in ("chen", "rotor", "lookahead"):
         if name == "rotor":
             shape = chain_shape(pg)
             est = ROTOR_SECONDS * (len(shape.fwd) if shape else 0) ** 2 * options.rotor_slots
             if shape is None or est > 0.25 * (deadline - time.perf_counter()):
                 continue
         try:
-            r = get_planner(name)(pg, budget, options)
+            left = max(0.0, deadline - time.perf_counter())
+            r = get_planner(name)(pg, budget, replace(options, time_limit=0.25 * left))
         except Exception:  # a failing seed planner only loses the warm start
             continue
         if r.sequence is None:
