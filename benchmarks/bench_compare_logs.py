@@ -104,15 +104,21 @@ def report(rows: List[dict], planners: List[str], budgets: List[float], time_lim
            f"`{HEURISTIC}` is online DTR (the simulator's run, thrash limit 3). "
            "**Headline**: DTR's extra compute / the best static plan's extra compute "
            "(above 1: the static plan recomputes less).", ""]
-    runs: Dict[str, Tuple[List[str], List[str]]] = {}
+    runs: Dict[str, Dict[str, List[str]]] = {}  # run -> planner -> its logs
     for r in rows:
-        ls, ps = runs.setdefault(r.get("run", "this run"), ([], []))
+        ls = runs.setdefault(r.get("run", "this run"), {}).setdefault(r["planner"], [])
         ls.append(r["log"]) if r["log"] not in ls else None
-        ps.append(r["planner"]) if r["planner"] not in ps else None
     if len(runs) > 1:
-        out[-1:] = ["The rows come from several runs (each row's `run` in the JSON; the time above is the latest):",
-                    ""] + [f"- {run}: {', '.join(ps)} on {', '.join(ls) if len(ls) < len(set(r['log'] for r in rows)) else 'every log'}"
-                           for run, (ls, ps) in runs.items()] + [""]
+        every = len(logs)
+        lines = []
+        for run, per in runs.items():
+            groups: Dict[Tuple[str, ...], List[str]] = {}  # the same logs -> their planners
+            for p, ls in per.items():
+                groups.setdefault(tuple(ls), []).append(p)
+            lines.append(f"- {run}: " + "; ".join(
+                f"{', '.join(ps)} on {'every log' if len(ls) == every else ', '.join(ls)}" for ls, ps in groups.items()))
+        out[-1:] = ["", "The rows come from several runs (each row's `run` in the JSON; the time above is the latest):",
+                    ""] + lines + [""]
     head = ["log", "budget", *planners, HEURISTIC, "best static", "headline"]
     out += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for log in logs:
@@ -170,6 +176,11 @@ def plot(rows: List[dict], planners: List[str], path: str) -> None:
         ax.set_title(log, fontsize=10)
         ax.set_xlabel("budget / peak", fontsize=8)
         ax.set_ylabel("overhead", fontsize=8)
+        ax.ticklabel_format(axis="y", useOffset=False)  # plain overheads, never "1e-6+1.48"
+        y0, y1 = ax.get_ylim()
+        if y1 - y0 < 0.02:  # near-equal points: a readable range around them
+            mid = (y0 + y1) / 2
+            ax.set_ylim(mid - 0.01, mid + 0.01)
         ax.tick_params(labelsize=7)
         ax.grid(True, alpha=0.3)
     ax = axes.flat[len(logs)]

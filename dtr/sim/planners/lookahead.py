@@ -55,7 +55,7 @@ __all__ = ["plan_lookahead", "lookahead_sequence", "SCORES"]
 # nodes is abandoned as thrashing. Complexity: one scan of the resident
 # values per eviction round, O(rounds * resident) score evaluations; seconds
 # on graphs of thousands of nodes, and the time limit is checked every
-# CHECK_EVERY computations.
+# CHECK_EVERY computations and every CHECK_EVERY scores.
 
 #: The recomputation estimates, one plan each, in the order tried.
 SCORES = ("one", "exact", "paths")
@@ -63,7 +63,7 @@ SCORES = ("one", "exact", "paths")
 EXACT_CAP = 512
 #: A plan computing more than this many times the graph's nodes is given up (thrashing).
 MAX_RECOMPUTE = 20
-#: The time limit is checked every this many computations.
+#: The time limit is checked every this many computations (and scores of an eviction round).
 CHECK_EVERY = 256
 
 
@@ -153,7 +153,9 @@ def lookahead_sequence(pg: PlanGraph, budget: int, score: str = "one",
         memo: Dict[int, float] = {}
         held = set(hard)
         cands: List[Tuple[float, int]] = []
-        for u in resident:
+        for k, u in enumerate(resident):
+            if deadline is not None and k % CHECK_EVERY == CHECK_EVERY - 1 and time.perf_counter() > deadline:
+                raise _GiveUp("time")
             freed = mem[u] - kept_bytes[u]
             if freed <= 0 or (lock[u] and (not soft or u in held)):
                 continue
