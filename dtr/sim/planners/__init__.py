@@ -53,7 +53,8 @@ class PlanOptions:
         rotor_slots: memory discretization of Rotor (slots of the budget).
         warm_start: FastSA also starts from the cheapest of Rotor's plan,
             Chen's, lookahead's and DTR's simulated runs that fits (Note [DTR runs as
-            starts] in dtr.sim.export); the ILP gets their cost as a cutoff.
+            starts] in dtr.sim.export); the ILP gets the cost of the cheapest of
+            Rotor's, Chen's and DTR's runs as a cutoff.
     """
 
     time_limit: float = 60.0
