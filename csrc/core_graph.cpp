@@ -159,11 +159,11 @@ double Core::change_cost(int op_id, double cost, bool in_progress) {
   const double delta = cost - op.cost;
   op.cost = cost;
   note_cost(cost, op.outputs.size());
-  std::vector<int> seen;
-  for (int t : op.outputs) {
-    const int sid = tensors_[t].storage;
-    if (contains(seen, sid)) continue;
-    seen.push_back(sid);
+  for (size_t i = 0; i < op.outputs.size(); ++i) {
+    const int sid = tensors_[op.outputs[i]].storage;
+    bool seen = false;  // (each storage once; outputs are few, and this runs for every op)
+    for (size_t j = 0; j < i && !seen; ++j) seen = tensors_[op.outputs[j]].storage == sid;
+    if (seen) continue;
     Storage& s = storages_[sid];
     s.cost += delta;
     s.full_dirty = true;
@@ -239,24 +239,39 @@ void Core::end_call(int op_id, double cost) {
 // evict it; end_call (or abort_call) unlocks them. If bringing one back
 // fails, the locks taken so far are released before the error propagates.
 void Core::lock_inputs(int op_id) {
-  const std::vector<int> inputs = ops_[op_id].inputs;
-  std::vector<int> locked, pending;  // one entry per lock taken
+  // (A copy of the inputs, since bringing one back adds ops and may move ops_; on the stack for an op of
+  // a few inputs: this runs for every op without outputs, each view among them.)
+  constexpr size_t kSmall = 8;
+  const size_t n = ops_[op_id].inputs.size();
+  int small_inputs[kSmall], small_locked[kSmall];
+  std::vector<int> big;
+  int* inputs = small_inputs;
+  int* locked = small_locked;  // one entry per lock taken
+  if (n > kSmall) {
+    big.resize(2 * n);
+    inputs = big.data();
+    locked = big.data() + n;
+  }
+  std::copy(ops_[op_id].inputs.begin(), ops_[op_id].inputs.end(), inputs);
+  size_t n_locked = 0, n_pending = 0;
   try {
-    for (int u : inputs) {
+    for (size_t i = 0; i < n; ++i) {
+      const int u = inputs[i];
       if (!tensors_[u].defined) {
-        pending.push_back(u);
+        inputs[n_pending++] = u;  // (the pending ones, in order, over the entries already read)
         continue;
       }
       lock(tensors_[u].storage);
-      locked.push_back(tensors_[u].storage);
+      locked[n_locked++] = tensors_[u].storage;
     }
-    for (int u : pending) {
+    for (size_t i = 0; i < n_pending; ++i) {
+      const int u = inputs[i];
       require(u);  // a no-op when bringing back an earlier one brought it back too
       lock(tensors_[u].storage);
-      locked.push_back(tensors_[u].storage);
+      locked[n_locked++] = tensors_[u].storage;
     }
   } catch (...) {
-    for (int s : locked) unlock(s);
+    for (size_t i = 0; i < n_locked; ++i) unlock(locked[i]);
     throw;
   }
 }

@@ -140,8 +140,35 @@ void Core::push_frame(std::vector<Frame>& stack, int t, bool remat) {
   stack.push_back(std::move(f));
 }
 
+namespace {
+// materialize()'s stacks, kept between calls so that their capacity stays (a heap allocation per op
+// otherwise). Indexed by nesting depth: a hook may run a driver's code that materializes again.
+thread_local std::vector<std::vector<Core::Frame>*> frame_stacks;
+thread_local size_t frame_depth = 0;
+
+class FrameStackLease {
+ public:
+  FrameStackLease() {
+    if (frame_depth == frame_stacks.size()) frame_stacks.push_back(new std::vector<Core::Frame>());  // (never freed)
+    stack_ = frame_stacks[frame_depth++];
+    stack_->clear();
+  }
+  ~FrameStackLease() {
+    stack_->clear();
+    --frame_depth;
+  }
+  FrameStackLease(const FrameStackLease&) = delete;
+  FrameStackLease& operator=(const FrameStackLease&) = delete;
+  std::vector<Core::Frame>& operator*() const { return *stack_; }
+
+ private:
+  std::vector<Core::Frame>* stack_;
+};
+}  // namespace
+
 void Core::materialize(int t0, bool remat0, bool stop_before_root) {
-  std::vector<Frame> stack;
+  FrameStackLease lease;
+  std::vector<Frame>& stack = *lease;
   push_frame(stack, t0, remat0);
   try {
     while (!stack.empty()) {
@@ -291,7 +318,16 @@ void Core::compute(int t, bool remat) {
   // Outputs that were already defined are computed twice: the duplicate is freed.
   for (int u : op.outputs)
     if (tensors_[u].defined) c_.memory -= op.sizes[tensors_[u].index];
-  std::vector<int> fresh;  // storages that become resident now
+  // The storages that become resident now (on the stack for an op of a few outputs: this runs for every op).
+  constexpr size_t kSmall = 8;
+  int fresh_small[kSmall];
+  std::vector<int> fresh_big;
+  int* fresh = fresh_small;
+  if (op.outputs.size() > kSmall) {
+    fresh_big.resize(op.outputs.size());
+    fresh = fresh_big.data();
+  }
+  size_t n_fresh = 0;
   for (int u : op.outputs) {
     Storage& s = storages_[tensors_[u].storage];
     if (s.banished) {  // a banished sibling is recomputed too, and freed at once
@@ -300,11 +336,12 @@ void Core::compute(int t, bool remat) {
     }
     if (!s.resident) {
       s.resident = true;
-      fresh.push_back(tensors_[u].storage);
+      fresh[n_fresh++] = tensors_[u].storage;
     }
     tensors_[u].defined = true;
   }
-  for (int sid : fresh) {
+  for (size_t i = 0; i < n_fresh; ++i) {
+    const int sid = fresh[i];
     bt_touch_nbrs(sid);  // it counts in no neighbour's bound any more (Note [Choosing without scanning])
     after_remat(sid);
     pool_add(sid);

@@ -107,6 +107,26 @@ struct Env {
   X(untyped_storage) X(_schedule_full_poll) X(storage_of) X(defined) X(pinned) X(resident) X(storage_refs) X(begin_call)            \
   X(end_call) X(abort_call) X(op_outputs) X(forget) X(set_remat_limit) X(_core) X(core) X(on_evict) X(_on_evict) X(on_compute) X(_on_compute) \
   X(on_pin) X(constant) X(_set_device)
+// The mode's attributes this path reads or writes on every op: slots of DTRMode (Note [The mode's slots] in
+// dtr/runtime/mode.py), read at their offsets, found once by configure().
+#define DTR_MODE_SLOTS(X)                                                                                     \
+  X(device_type) X(_opaque_readers) X(timer) X(recorder) X(ops_seen) X(_next_full_poll) X(_poll_on_schedule)  \
+  X(_recent_ops) X(version) X(cdata_of) X(phys) X(recipes) X(handle) X(alive) X(_next_handle) X(_ops_at_gc)   \
+  X(_live_after_gc) X(thrash_limit)
+enum class S : int {
+#define DTR_SLOT_ENUM(n) n,
+  DTR_MODE_SLOTS(DTR_SLOT_ENUM)
+#undef DTR_SLOT_ENUM
+  count
+};
+const char* const kSlotNames[] = {
+#define DTR_SLOT_NAME(n) #n,
+    DTR_MODE_SLOTS(DTR_SLOT_NAME)
+#undef DTR_SLOT_NAME
+};
+Py_ssize_t mode_slots[static_cast<int>(S::count)];
+PyTypeObject* mode_type = nullptr;  // DTRMode
+
 struct Names {
 #define DTR_DECL(n) PyObject* n = nullptr;
   DTR_NAMES(DTR_DECL)
@@ -401,7 +421,6 @@ const DtrCoreApi* api = nullptr;  // dtr._C's table (Note [The core's C route])
 struct FastPath {
   PyObject_HEAD
   PyObject* mode;      // owned
-  PyObject* dict;      // the mode's __dict__, owned
   PyObject* fallback;  // DTRMode.__torch_dispatch__ (the class's function), owned
   PyObject* core;      // the wrapped _C.Core, owned (it keeps `c` alive)
   void* c;             // its address, for the C route (core_api.h)
@@ -413,20 +432,22 @@ struct FastPath {
   vectorcallfunc vectorcall;
 };
 
-PyObject* get(FastPath* f, PyObject* name) {  // borrowed; null with no error set if missing
-  return PyDict_GetItemWithError(f->dict, name);
+PyObject* mget(FastPath* f, S name) {  // the mode's slot, borrowed; null with no error set if it is unset
+  return slot_at(f->mode, mode_slots[static_cast<int>(name)]);
 }
 
-long get_long(FastPath* f, PyObject* name) {
-  PyObject* v = get(f, name);
+long mget_long(FastPath* f, S name) {
+  PyObject* v = mget(f, name);
   return v ? PyLong_AsLong(v) : -1;
 }
 
 PyObject* cached_int(long v);
 
-bool set_long(FastPath* f, PyObject* name, long v) {
-  Ref o(cached_int(v));
-  return o && PyDict_SetItem(f->dict, name, o.get()) == 0;
+bool mset_long(FastPath* f, S name, long v) {
+  PyObject* o = cached_int(v);
+  if (o == nullptr) return false;
+  Py_XSETREF(slot_at(f->mode, mode_slots[static_cast<int>(name)]), o);
+  return true;
 }
 
 // A Python int, a new reference. Core ids (tensor, storage, op) and the mode's counters are small, and an
@@ -483,14 +504,14 @@ long track(FastPath* f, PyObject* x) {
   c10::StorageImpl* impl = t.storage().unsafeGetStorageImpl();
   Ref cdata(PyLong_FromVoidPtr(impl));
   if (!cdata) return -1;
-  PyObject* version = get(f, names.version);
+  PyObject* version = mget(f, S::version);
   PyObject* v = PyDict_GetItemWithError(version, cdata.get());
   if (v == nullptr && PyErr_Occurred()) return -1;
   if (v != nullptr) {
     long tv = PyLong_AsLong(v);
     int s = storage_of(f, tv);
     if (s < 0) return -1;
-    PyObject* b = phys_of(f, get(f, names.phys), s);
+    PyObject* b = phys_of(f, mget(f, S::phys), s);
     if (b == nullptr) return -1;
     int dead = buf_dead(b);
     if (dead < 0) return -1;
@@ -505,14 +526,14 @@ long track(FastPath* f, PyObject* x) {
 
 // DTRMode._release for an activation the program dropped.
 bool release(FastPath* f, PyObject* h) {
-  PyObject* alive = get(f, names.alive);
+  PyObject* alive = mget(f, S::alive);
   Ref t = borrowed(PyDict_GetItemWithError(alive, h));
   if (!t || PyDict_DelItem(alive, h) < 0) return false;
-  PyObject* cdata_of = get(f, names.cdata_of);
+  PyObject* cdata_of = mget(f, S::cdata_of);
   Ref cdata = borrowed(PyDict_GetItemWithError(cdata_of, t.get()));
   if (cdata) {
     if (PyDict_DelItem(cdata_of, t.get()) < 0) return false;
-    PyObject* version = get(f, names.version);
+    PyObject* version = mget(f, S::version);
     PyObject* cur = PyDict_GetItemWithError(version, cdata.get());
     if (cur != nullptr) {
       int eq = PyObject_RichCompareBool(cur, t.get(), Py_EQ);
@@ -520,7 +541,7 @@ bool release(FastPath* f, PyObject* h) {
     }
   }
   if (PyErr_Occurred()) return false;
-  PyObject* recorder = get(f, names.recorder);
+  PyObject* recorder = mget(f, S::recorder);
   if (recorder != nullptr && recorder != Py_None) {
     Ref r(PyObject_CallMethodOneArg(recorder, names.release, h));
     if (!r) return false;
@@ -536,7 +557,7 @@ bool release(FastPath* f, PyObject* h) {
     if (refs < 0) return false;
     if (refs == 0) {  // kept for an evicted dependent
       Ref key(cached_int(s));
-      PyObject* b = PyDict_GetItemWithError(get(f, names.phys), key.get());
+      PyObject* b = PyDict_GetItemWithError(mget(f, S::phys), key.get());
       if (b == nullptr && PyErr_Occurred()) return false;
       if (b == nullptr || buf_gone(b)) {  // but its memory is gone: it must be recomputed
         if (api->forget(f->c, s) < 0) return false;
@@ -575,8 +596,8 @@ bool poll_recent(FastPath* f, PyObject* recent, Scratch& scratch) {
       if (std::find(handles.begin(), handles.end(), h) == handles.end()) handles.push_back(h);
     }
   }
-  PyObject* alive = get(f, names.alive);
-  PyObject* phys = get(f, names.phys);
+  PyObject* alive = mget(f, S::alive);
+  PyObject* phys = mget(f, S::phys);
   std::vector<PyObject*>& dead = scratch.dead;
   bool constant = false;
   for (PyObject* h : handles) {
@@ -607,8 +628,8 @@ bool poll_recent(FastPath* f, PyObject* recent, Scratch& scratch) {
 bool poll_full(FastPath* f, Scratch& scratch) {
   Ref r(PyObject_CallMethodNoArgs(f->mode, names._schedule_full_poll));
   if (!r) return false;
-  PyObject* alive = get(f, names.alive);
-  PyObject* phys = get(f, names.phys);
+  PyObject* alive = mget(f, S::alive);
+  PyObject* phys = mget(f, S::phys);
   std::vector<PyObject*>& dead = scratch.dead;  // borrowed from alive until the releases start
   Py_ssize_t pos = 0;
   PyObject *h, *t;
@@ -639,8 +660,8 @@ bool poll_full(FastPath* f, Scratch& scratch) {
 }
 
 PyObject* new_handle(FastPath* f) {
-  long n = get_long(f, names._next_handle) + 1;
-  if (n <= 0 || !set_long(f, names._next_handle, n)) return nullptr;
+  long n = mget_long(f, S::_next_handle) + 1;
+  if (n <= 0 || !mset_long(f, S::_next_handle, n)) return nullptr;
   char buf[24];  // the reference's f"t{n}" (snprintf and PyUnicode_FromFormat parse a format each time)
   char* end = buf + sizeof buf;
   char* p = end;
@@ -780,11 +801,11 @@ PyObject* commit(FastPath* f, PyObject* func, const OpInfo* info, Entry* e, Scra
   if (n_outs < 0) return nullptr;
   std::vector<long>& new_tensors = scratch.new_tensors;
   for (size_t k = 0; k < e->sizes.size(); ++k) new_tensors.push_back(outs[k]);
-  PyObject* version = get(f, names.version);
-  PyObject* cdata_of = get(f, names.cdata_of);
-  PyObject* phys = get(f, names.phys);
-  PyObject* handle = get(f, names.handle);
-  PyObject* alive = get(f, names.alive);
+  PyObject* version = mget(f, S::version);
+  PyObject* cdata_of = mget(f, S::cdata_of);
+  PyObject* phys = mget(f, S::phys);
+  PyObject* handle = mget(f, S::handle);
+  PyObject* alive = mget(f, S::alive);
   Ref out_slots(PyTuple_New(static_cast<Py_ssize_t>(e->owning.size())));
   if (!out_slots) return nullptr;
   std::vector<Ref> out_handles;  // (the new tensors' handles, in order)
@@ -850,7 +871,7 @@ PyObject* commit(FastPath* f, PyObject* func, const OpInfo* info, Entry* e, Scra
     }
     return l;
   };
-  PyObject* recorder = get(f, names.recorder);
+  PyObject* recorder = mget(f, S::recorder);
   if (recorder != nullptr && recorder != Py_None) {
     Ref sizes_list(PyList_New(static_cast<Py_ssize_t>(e->sizes.size())));
     Ref cost_obj(PyFloat_FromDouble(cost));
@@ -877,9 +898,22 @@ PyObject* commit(FastPath* f, PyObject* func, const OpInfo* info, Entry* e, Scra
     if (!hs) return nullptr;
     for (const Ref& h : out_handles)
       if (PyList_Append(hs.get(), h.get()) < 0) return nullptr;
-    PyObject* recent = get(f, names._recent_ops);
-    if (PyList_Append(recent, hs.get()) < 0) return nullptr;
-    if (PyList_GET_SIZE(recent) > env.recent_ops && PySequence_DelItem(recent, 0) < 0) return nullptr;
+    PyObject* recent = mget(f, S::_recent_ops);
+    if (recent == nullptr || !PyList_CheckExact(recent)) {
+      PyErr_SetString(PyExc_TypeError, "dtr internal error: the mode's _recent_ops is not a list; please report this");
+      return nullptr;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(recent);
+    if (n > 0 && n == env.recent_ops) {  // full: drop the oldest and append, in place (the reference's append, del [0])
+      PyObject** items = reinterpret_cast<PyListObject*>(recent)->ob_item;
+      PyObject* oldest = items[0];
+      for (Py_ssize_t i = 1; i < n; ++i) items[i - 1] = items[i];
+      items[n - 1] = hs.release();
+      Py_DECREF(oldest);
+    } else if (PyList_Append(recent, hs.get()) < 0 ||
+               (PyList_GET_SIZE(recent) > env.recent_ops && PySequence_DelItem(recent, 0) < 0)) {
+      return nullptr;
+    }
   }
   if (!e->owning.empty()) {  // the recipe (ops that produce nothing are never recomputed)
     Ref rleaves(PyTuple_New(static_cast<Py_ssize_t>(s.leaves.size())));
@@ -915,9 +949,9 @@ PyObject* commit(FastPath* f, PyObject* func, const OpInfo* info, Entry* e, Scra
     untrack(PyTuple_GET_ITEM(recipe, 1));
     untrack(PyTuple_GET_ITEM(recipe, 3));
     Ref opk(cached_int(op));
-    if (!opk || PyDict_SetItem(get(f, names.recipes), opk.get(), recipe) < 0) return nullptr;
+    if (!opk || PyDict_SetItem(mget(f, S::recipes), opk.get(), recipe) < 0) return nullptr;
   }
-  if (ops_seen - get_long(f, names._ops_at_gc) > std::max(env.gc_min_ops, get_long(f, names._live_after_gc))) {
+  if (ops_seen - mget_long(f, S::_ops_at_gc) > std::max(env.gc_min_ops, mget_long(f, S::_live_after_gc))) {
     Ref r(PyObject_CallMethodNoArgs(f->mode, names.collect));
     if (!r) return nullptr;
   }
@@ -977,14 +1011,14 @@ bool set_device_from(FastPath* f, PyObject* args, PyObject* kwargs) {
 
 PyObject* fast_call(FastPath* f, PyObject* func, PyObject* types, PyObject* args, PyObject* kwargs) {
   if (kwargs == Py_None || (kwargs != nullptr && PyDict_GET_SIZE(kwargs) == 0)) kwargs = nullptr;
-  PyObject* device_type = get(f, names.device_type);
+  PyObject* device_type = mget(f, S::device_type);
   if (device_type == Py_None && PyTuple_Check(args)) {
     if (!set_device_from(f, args, kwargs)) return nullptr;
-    device_type = get(f, names.device_type);
+    device_type = mget(f, S::device_type);
   }
   // Whether this op may take the path at all (nothing here changes any state).
-  PyObject* opaque = get(f, names._opaque_readers);
-  PyObject* timer = get(f, names.timer);
+  PyObject* opaque = mget(f, S::_opaque_readers);
+  PyObject* timer = mget(f, S::timer);
   if (device_type == nullptr || device_type == Py_None || !PyUnicode_Check(device_type) ||
       (opaque != nullptr && PyDict_Check(opaque) && PyDict_GET_SIZE(opaque) > 0) || timer == nullptr ||
       (f->measured && reinterpret_cast<PyObject*>(Py_TYPE(timer)) != env.wall_timer) || !PyTuple_Check(args)) {
@@ -1019,8 +1053,8 @@ PyObject* fast_call(FastPath* f, PyObject* func, PyObject* types, PyObject* args
   f->native_ops++;
 
   // From here on, the reference's __torch_dispatch__ step by step.
-  long ops_seen = get_long(f, names.ops_seen) + 1;
-  if (ops_seen <= 0 || !set_long(f, names.ops_seen, ops_seen)) return nullptr;
+  long ops_seen = mget_long(f, S::ops_seen) + 1;
+  if (ops_seen <= 0 || !mset_long(f, S::ops_seen, ops_seen)) return nullptr;
   std::vector<long>& ins = scratch.ins;
   for (int p : s.tpos) {
     long t = track(f, s.leaves[p].obj);
@@ -1030,8 +1064,8 @@ PyObject* fast_call(FastPath* f, PyObject* func, PyObject* types, PyObject* args
   int64_t need = api->memory(f->c) + e->total;
   int64_t budget = api->budget(f->c);
   bool full = false;
-  if (ops_seen >= get_long(f, names._next_full_poll)) {
-    PyObject* on_schedule = get(f, names._poll_on_schedule);
+  if (ops_seen >= mget_long(f, S::_next_full_poll)) {
+    PyObject* on_schedule = mget(f, S::_poll_on_schedule);
     if (on_schedule == Py_True) {
       full = true;
     } else {
@@ -1049,7 +1083,7 @@ PyObject* fast_call(FastPath* f, PyObject* func, PyObject* types, PyObject* args
   if (full) {
     if (!poll_full(f, scratch)) return nullptr;
   } else {
-    PyObject* recent = get(f, names._recent_ops);
+    PyObject* recent = mget(f, S::_recent_ops);
     if (recent != nullptr && PyList_GET_SIZE(recent) > 0 && !poll_recent(f, recent, scratch)) return nullptr;
   }
   if (PyErr_Occurred()) return nullptr;
@@ -1081,7 +1115,7 @@ PyObject* fast_call(FastPath* f, PyObject* func, PyObject* types, PyObject* args
     }
     cost = e->flops;
   }
-  PyObject* limit = get(f, names.thrash_limit);
+  PyObject* limit = mget(f, S::thrash_limit);
   double lim = limit ? PyFloat_AsDouble(limit) : INFINITY;
   if (std::isfinite(lim)) {  // let the core stop a runaway chain of recomputations as it happens
     api->set_remat_limit(f->c, allowance(f, lim));
@@ -1166,17 +1200,11 @@ int FastPath_init(PyObject* self, PyObject* args, PyObject* kwargs) {
     PyErr_SetString(PyExc_RuntimeError, "dtr._native.configure() was not called");
     return -1;
   }
-  PyObject** dictptr = _PyObject_GetDictPtr(mode);
-  if (dictptr == nullptr) {
-    PyErr_SetString(PyExc_TypeError, "the mode needs an instance __dict__");
+  if (!PyObject_TypeCheck(mode, mode_type)) {
+    PyErr_SetString(PyExc_TypeError, "FastPath(mode, ...): mode must be a DTRMode");
     return -1;
   }
-  if (*dictptr == nullptr) {
-    *dictptr = PyDict_New();
-    if (*dictptr == nullptr) return -1;
-  }
   Py_INCREF(mode); f->mode = mode;
-  Py_INCREF(*dictptr); f->dict = *dictptr;
   Py_INCREF(fallback); f->fallback = fallback;
   Ref facade(PyObject_GetAttr(mode, names.core));
   if (!facade) return -1;
@@ -1203,13 +1231,13 @@ int FastPath_init(PyObject* self, PyObject* args, PyObject* kwargs) {
 }
 
 void FastPath_clear_refs(FastPath* f) {
-  Py_CLEAR(f->mode); Py_CLEAR(f->dict); Py_CLEAR(f->fallback); Py_CLEAR(f->core); Py_CLEAR(f->cost_model);
+  Py_CLEAR(f->mode); Py_CLEAR(f->fallback); Py_CLEAR(f->core); Py_CLEAR(f->cost_model);
   Py_CLEAR(f->device_name);
 }
 
 int FastPath_traverse(PyObject* self, visitproc visit, void* arg) {
   FastPath* f = reinterpret_cast<FastPath*>(self);
-  Py_VISIT(f->mode); Py_VISIT(f->dict); Py_VISIT(f->fallback); Py_VISIT(f->core); Py_VISIT(f->cost_model);
+  Py_VISIT(f->mode); Py_VISIT(f->fallback); Py_VISIT(f->core); Py_VISIT(f->cost_model);
   return 0;
 }
 
@@ -1256,7 +1284,7 @@ PyObject* FastPath_on_evict(PyObject* self, PyObject* const* args, Py_ssize_t n)
     return nullptr;
   }
   long s = PyLong_AsLong(args[0]);
-  PyObject* b = PyDict_GetItemWithError(get(f, names.phys), args[0]);
+  PyObject* b = PyDict_GetItemWithError(mget(f, S::phys), args[0]);
   if (b == nullptr && PyErr_Occurred()) return nullptr;
   if (b == nullptr || buf_gone(b)) {
     int64_t refs = api->storage_refs(f->c, static_cast<int>(s));
@@ -1295,15 +1323,15 @@ PyObject* constant(FastPath* f, PyObject* st) {
   Ref cdata(PyLong_FromVoidPtr(impl)), tk(cached_int(t)), sk(cached_int(s));
   Ref buf(new_shared_buf(st));
   if (!cdata || !tk || !sk || !buf) return nullptr;
-  if (PyDict_SetItem(get(f, names.version), cdata.get(), tk.get()) < 0 ||
-      PyDict_SetItem(get(f, names.cdata_of), tk.get(), cdata.get()) < 0 ||
-      PyDict_SetItem(get(f, names.phys), sk.get(), buf.get()) < 0)
+  if (PyDict_SetItem(mget(f, S::version), cdata.get(), tk.get()) < 0 ||
+      PyDict_SetItem(mget(f, S::cdata_of), tk.get(), cdata.get()) < 0 ||
+      PyDict_SetItem(mget(f, S::phys), sk.get(), buf.get()) < 0)
     return nullptr;
   Ref h(new_handle(f));
-  if (!h || PyDict_SetItem(get(f, names.handle), tk.get(), h.get()) < 0 ||
-      PyDict_SetItem(get(f, names.alive), h.get(), tk.get()) < 0)
+  if (!h || PyDict_SetItem(mget(f, S::handle), tk.get(), h.get()) < 0 ||
+      PyDict_SetItem(mget(f, S::alive), h.get(), tk.get()) < 0)
     return nullptr;
-  PyObject* recorder = get(f, names.recorder);
+  PyObject* recorder = mget(f, S::recorder);
   if (recorder != nullptr && recorder != Py_None) {
     Ref n(PyLong_FromLongLong(nbytes));
     if (!n) return nullptr;
@@ -1325,8 +1353,8 @@ PyObject* FastPath_constant(PyObject* self, PyObject* st) {
 // DTRMode._carried(): each resident storage the program still holds, once, in a buffer holding it weakly.
 PyObject* FastPath_carried(PyObject* self, PyObject*) {
   FastPath* f = reinterpret_cast<FastPath*>(self);
-  PyObject* alive = get(f, names.alive);
-  PyObject* phys = get(f, names.phys);
+  PyObject* alive = mget(f, S::alive);
+  PyObject* phys = mget(f, S::phys);
   if (alive == nullptr || phys == nullptr) {
     if (!PyErr_Occurred()) PyErr_SetString(PyExc_AttributeError, "the mode has no alive/phys tables");
     return nullptr;
@@ -1368,7 +1396,7 @@ PyObject* FastPath_on_pin(PyObject* self, PyObject* const* args, Py_ssize_t n) {
     PyErr_SetString(PyExc_TypeError, "on_pin(storage)");
     return nullptr;
   }
-  PyObject* phys = get(f, names.phys);
+  PyObject* phys = mget(f, S::phys);
   PyObject* b = phys ? PyDict_GetItemWithError(phys, args[0]) : nullptr;
   if (b == nullptr) {
     if (PyErr_Occurred()) return nullptr;
@@ -1431,6 +1459,15 @@ PyObject* configure(PyObject*, PyObject* kwargs_dict) {
   if (env.buf_weak < 0 || env.buf_strong < 0 || env.buf_shared < 0 || env.buf_dropped < 0) {
     PyErr_SetString(PyExc_TypeError, "configure: Buf must have the slots weak, strong, shared, dropped");
     return nullptr;
+  }
+  PyObject* mode_cls = item("Mode");
+  if (mode_cls == nullptr || !PyType_Check(mode_cls)) return nullptr;
+  mode_type = reinterpret_cast<PyTypeObject*>(mode_cls);
+  for (int i = 0; i < static_cast<int>(S::count); ++i) {
+    if ((mode_slots[i] = slot_offset(mode_type, kSlotNames[i])) < 0) {
+      PyErr_Format(PyExc_TypeError, "configure: Mode must have the slot %s", kSlotNames[i]);
+      return nullptr;
+    }
   }
   if (!(env.slot_type = item("Slot")) || !(env.recipe_type = item("Recipe")) ||
       !(env.wall_timer = item("WallTimer")) ||

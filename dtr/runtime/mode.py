@@ -350,8 +350,19 @@ class _Prediction(NamedTuple):
     metas: List[torch.Tensor]    # the meta outputs (shapes for cost estimates)
 
 
+# Note [The mode's slots]
+# The attributes every op reads or writes are slots, not instance-dict
+# entries: the native per-op path (csrc/native/fastpath.cpp) reads them at
+# fixed offsets instead of hashing their names about 25 times per op, and
+# Python reads them through member descriptors. Anything else (the native
+# path's bound methods among them) stays in the instance dict that
+# TorchDispatchMode gives every mode.
 class DTRMode(TorchDispatchMode):
     """Runs ops through the DTR core. Created and entered by :class:`dtr.budget`."""
+
+    __slots__ = ("device_type", "_opaque_readers", "timer", "recorder", "ops_seen", "_next_full_poll",
+                 "_poll_on_schedule", "_recent_ops", "version", "cdata_of", "phys", "recipes", "handle", "alive",
+                 "_next_handle", "_ops_at_gc", "_live_after_gc", "thrash_limit")
 
     def __init__(self, core: Core, cost_model: CostModel, recorder: Optional[LogRecorder],
                  thrash_limit: float, device: Optional[torch.device] = None, native: bool = False):

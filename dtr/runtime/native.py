@@ -47,7 +47,7 @@ def _load() -> Optional[ModuleType]:
     from dtr.errors import ThrashingError
     from dtr.runtime import effects, mode, timing
     _native.configure({
-        "Buf": mode._Buf, "Slot": mode.Slot, "Recipe": mode.Recipe, "WallTimer": timing.WallTimer,
+        "Mode": mode.DTRMode, "Buf": mode._Buf, "Slot": mode.Slot, "Recipe": mode.Recipe, "WallTimer": timing.WallTimer,
         "ThrashingError": ThrashingError, "TRANSLATED": core._TRANSLATED,
         "rng_capture": mode._rng_capture, "size_warning": mode._size_warning, "op_info": mode._native_op_info,
         "effects": effects, "RECENT_OPS": mode._RECENT_OPS, "GC_MIN_OPS": mode._GC_MIN_OPS,
