@@ -585,7 +585,8 @@ int handle_dead(FastPath* f, PyObject* alive, PyObject* phys, PyObject* h, bool*
 
 // DTRMode.poll(handles) over the last ops' handles; what it cannot settle alone goes to the reference.
 bool poll_recent(FastPath* f, PyObject* recent, Scratch& scratch) {
-  // Each handle once, in order (the reference's dict.fromkeys; equal handles are one object).
+  // Each handle once, in order (the reference's dict.fromkeys). Equal handles are one object: each is made
+  // once (_new_handle) and only ever copied (mode.py's Note [Handles]).
   std::vector<PyObject*>& handles = scratch.handles;
   Py_ssize_t n = PyList_GET_SIZE(recent);
   for (Py_ssize_t i = 0; i < n; ++i) {
@@ -659,15 +660,10 @@ bool poll_full(FastPath* f, Scratch& scratch) {
   return true;
 }
 
-PyObject* new_handle(FastPath* f) {
+PyObject* new_handle(FastPath* f) {  // DTRMode._new_handle (mode.py's Note [Handles])
   long n = mget_long(f, S::_next_handle) + 1;
   if (n <= 0 || !mset_long(f, S::_next_handle, n)) return nullptr;
-  char buf[24];  // the reference's f"t{n}" (snprintf and PyUnicode_FromFormat parse a format each time)
-  char* end = buf + sizeof buf;
-  char* p = end;
-  do { *--p = static_cast<char>('0' + n % 10); n /= 10; } while (n > 0);
-  *--p = 't';
-  return PyUnicode_FromStringAndSize(p, end - p);
+  return cached_int(n);
 }
 
 // A Slot(tensor, offset, size, stride, dtype) (a NamedTuple: a tuple of its class).

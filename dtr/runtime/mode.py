@@ -234,6 +234,15 @@ class _Buf:
 # evicted still needs the old value. Recorded ops refer to their inputs by
 # version (a Slot), never by the tensor object, so a recomputation always reads
 # the value the op originally read.
+# Note [Handles]
+# A handle names one storage as the program sees it, across its in-place
+# versions: an in-place write moves the handle to the new version. Liveness is
+# kept per handle (``alive``: handle -> current version, in creation order),
+# and a recorded log names tensors by handle. Handles are ints counted from 1
+# in each block; a log's spelling of them ("t7") is LogRecorder's, made only
+# when a log is recorded. Each is made once, by _new_handle, and only copied
+# after that, so equal handles are one object (the native path's poll
+# compares them by identity).
 class Slot(NamedTuple):
     """A tensor argument or output of a recorded op: a view of one storage version."""
 
@@ -370,7 +379,7 @@ class DTRMode(TorchDispatchMode):
         self.core = core
         self.cost_model = cost_model
         self.recorder = recorder
-        self._recent_ops: List[List[str]] = []  # handles each of the last _RECENT_OPS ops read or wrote
+        self._recent_ops: List[List[int]] = []  # handles each of the last _RECENT_OPS ops read or wrote
         self._next_full_poll = _POLL_EVERY
         # Tracking only: a scheduled full poll waits for an op that could set a new peak (Note [Liveness]).
         self._poll_on_schedule = recorder is not None or core.budget >= 0
@@ -381,8 +390,8 @@ class DTRMode(TorchDispatchMode):
         self.cdata_of: Dict[int, int] = {}         # core tensor -> storage cdata (program-owned versions)
         self.phys: Dict[int, _Buf] = {}            # core storage -> its buffer
         self.recipes: Dict[int, Recipe] = {}       # core op -> recipe
-        self.handle: Dict[int, str] = {}           # core tensor -> log handle
-        self.alive: Dict[str, int] = {}            # handle -> core tensor, in creation order
+        self.handle: Dict[int, int] = {}           # core tensor -> handle (Note [Handles])
+        self.alive: Dict[int, int] = {}            # handle -> core tensor, in creation order
         self.predictions = _PREDICTIONS  # shared by every block: see Note [Sizes before allocation]
         self.remat_seconds = 0.0
         self.ops_seen = 0
@@ -448,9 +457,10 @@ class DTRMode(TorchDispatchMode):
                 keep[st._cdata] = _Buf(st, owned=False)
         return list(keep.values())
 
-    def _new_handle(self) -> str:
+    def _new_handle(self) -> int:
+        """A new program tensor's handle (see Note [Handles])."""
         self._next_handle += 1
-        return f"t{self._next_handle}"
+        return self._next_handle
 
     def _track(self, x: torch.Tensor) -> int:
         """The core tensor (current version) of x's storage; a constant on first sight."""
@@ -476,7 +486,7 @@ class DTRMode(TorchDispatchMode):
             self.recorder.constant(h, st.nbytes())
         return t
 
-    def poll(self, handles: Optional[Iterable[str]] = None) -> None:
+    def poll(self, handles: Optional[Iterable[int]] = None) -> None:
         """Tell the core about tracked storages the program no longer references.
 
         Args:
@@ -548,7 +558,7 @@ class DTRMode(TorchDispatchMode):
                 if h is not None and alive.get(h) == t:
                     self._release(h)
 
-    def _release(self, h: str) -> None:
+    def _release(self, h: int) -> None:
         t = self.alive.pop(h)
         cdata = self.cdata_of.pop(t, None)
         if cdata is not None and self.version.get(cdata) == t:

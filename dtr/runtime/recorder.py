@@ -17,6 +17,11 @@ import torch
 __all__ = ["LogRecorder"]
 
 
+def _id(handle: int) -> str:
+    """A log's name for a runtime handle (mode.py's Note [Handles])."""
+    return f"t{handle}"
+
+
 class LogRecorder:
     """Append v1 lines to a file (``.gz`` compressed by name).
 
@@ -38,32 +43,33 @@ class LogRecorder:
         self._f.write(self._dump(obj))
         self._f.write("\n")
 
-    def constant(self, handle: str, size: int) -> None:
-        self._write({"op": "constant", "id": handle, "size": size})
+    def constant(self, handle: int, size: int) -> None:
+        self._write({"op": "constant", "id": _id(handle), "size": size})
 
-    def call(self, name: str, inputs: Sequence[str], outputs: Sequence[str], sizes: Sequence[int],
-             cost: float, mutated: Sequence[str] = ()) -> None:
+    def call(self, name: str, inputs: Sequence[int], outputs: Sequence[int], sizes: Sequence[int],
+             cost: float, mutated: Sequence[int] = ()) -> None:
         """An op; ``mutated`` lists inputs it also writes in place (an extension of v1)."""
-        line = {"op": "call", "name": name, "inputs": list(inputs), "outputs": list(outputs),
-                "sizes": list(sizes), "aliases": [None] * len(outputs), "cost": cost}
+        line = {"op": "call", "name": name, "inputs": [_id(h) for h in inputs],
+                "outputs": [_id(h) for h in outputs], "sizes": list(sizes), "aliases": [None] * len(outputs),
+                "cost": cost}
         if mutated:
-            line["mutated"] = list(mutated)
+            line["mutated"] = [_id(h) for h in mutated]
         self._write(line)
 
-    def pin(self, handle: str) -> None:
+    def pin(self, handle: int) -> None:
         """The handle's tensor becomes a constant (an extension of v1)."""
-        self._write({"op": "pin", "id": handle})
+        self._write({"op": "pin", "id": _id(handle)})
 
-    def protect(self, handle: str) -> None:
+    def protect(self, handle: int) -> None:
         """A dropped constant is about to be freed (an extension of v1)."""
-        self._write({"op": "protect", "id": handle})
+        self._write({"op": "protect", "id": _id(handle)})
 
     def collect(self) -> None:
         """The graph GC ran: storages nothing can need again were freed (an extension of v1)."""
         self._write({"op": "collect"})
 
-    def release(self, handle: str) -> None:
-        self._write({"op": "release", "id": handle})
+    def release(self, handle: int) -> None:
+        self._write({"op": "release", "id": _id(handle)})
 
     def close(self) -> None:
         self._f.close()
