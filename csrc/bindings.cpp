@@ -132,6 +132,30 @@ auto guarded(F&& f, decltype(f()) on_error) -> decltype(f()) {
   }
 }
 
+// begin_call's argument vectors, kept between calls so that their capacity stays (three heap allocations
+// per op otherwise). Indexed by nesting depth: making room runs the driver's hooks, which may call again.
+struct CallArgs {
+  std::vector<int> inputs, none;
+  std::vector<int64_t> sizes;
+};
+thread_local std::vector<CallArgs*> call_args;
+thread_local size_t call_depth = 0;
+
+class CallArgsLease {
+ public:
+  CallArgsLease() {
+    if (call_depth == call_args.size()) call_args.push_back(new CallArgs());  // (never freed: a few per thread)
+    a_ = call_args[call_depth++];
+  }
+  ~CallArgsLease() { --call_depth; }
+  CallArgsLease(const CallArgsLease&) = delete;
+  CallArgsLease& operator=(const CallArgsLease&) = delete;
+  CallArgs& operator*() const { return *a_; }
+
+ private:
+  CallArgs* a_;
+};
+
 const DtrCoreApi core_api = {
     DTR_CORE_API_VERSION,
     [](void* c, int t) { return guarded([&] { return as_core(c).storage_of(t); }, -1); },
@@ -147,9 +171,12 @@ const DtrCoreApi core_api = {
     [](void* c, double limit) { as_core(c).set_remat_limit(limit); },
     [](void* c, const int* inputs, int n_in, const int64_t* sizes, int n_out, double cost) {
       return guarded([&] {
-        std::vector<int> none(size_t(n_out), -1);
-        return as_core(c).begin_call(std::vector<int>(inputs, inputs + n_in),
-                                     std::vector<int64_t>(sizes, sizes + n_out), none, none, cost);
+        CallArgsLease lease;
+        CallArgs& a = *lease;
+        a.inputs.assign(inputs, inputs + n_in);
+        a.sizes.assign(sizes, sizes + n_out);
+        a.none.assign(size_t(n_out), -1);
+        return as_core(c).begin_call(a.inputs, a.sizes, a.none, a.none, cost);
       }, -1);
     },
     [](void* c, int op, double cost) { return guarded([&] { as_core(c).end_call(op, cost); return 0; }, -1); },
@@ -166,6 +193,20 @@ const DtrCoreApi core_api = {
     &remat_allowance,
     [](void* c, int on) { as_core(c).compute_hook_first = on != 0; },
     [](void* c, int64_t size) { return guarded([&] { return as_core(c).constant(size); }, -1); },
+    [](void* c, int (*fn)(void*, int, int), void* ctx) {
+      return guarded([&] {
+        if (fn == nullptr) {
+          as_core(c).on_evict = nullptr;
+          return 0;
+        }
+        // (the hook holds ctx, as a Python callable hook holds its object; it runs with the GIL held)
+        py::object keep = py::reinterpret_borrow<py::object>(static_cast<PyObject*>(ctx));
+        as_core(c).on_evict = [fn, keep](int s, bool by_heuristic) {
+          if (fn(keep.ptr(), s, by_heuristic ? 1 : 0) < 0) throw py::error_already_set();
+        };
+        return 0;
+      }, -1);
+    },
 };
 
 }  // namespace

@@ -16,7 +16,7 @@
 #pragma once
 #include <stdint.h>
 
-#define DTR_CORE_API_VERSION 3
+#define DTR_CORE_API_VERSION 4
 #define DTR_CORE_API_CAPSULE "dtr._C._core_api"
 #define DTR_CORE_CAPSULE "dtr._C.Core"
 
@@ -50,5 +50,9 @@ struct DtrCoreApi {
   void (*set_compute_hook_first)(void* core, int on);
   // Core::constant: a pinned tensor of size bytes that existed before; returns it.
   int (*constant)(void* core, int64_t size);
+  // Core::on_evict as a C function: fn(ctx, storage, by_heuristic) returns 0, or -1 with a Python exception
+  // set, which the core's caller then raises. ctx is a Python object (PyObject*) the hook keeps a reference
+  // to; fn == NULL clears the hook. Setting the hook from Python (Core.on_evict) replaces it, as usual.
+  int (*set_evict_hook)(void* core, int (*fn)(void* ctx, int s, int by_heuristic), void* ctx);
 };
 }

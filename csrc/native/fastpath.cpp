@@ -497,6 +497,7 @@ PyObject* phys_of(FastPath* f, PyObject* phys, int s) {
 }
 
 PyObject* constant(FastPath* f, PyObject* st);  // (below, with the methods)
+int on_evict_hook(void* ctx, int s, int by_heuristic);
 
 // DTRMode._track: the current version of x's storage; a constant on first sight.
 long track(FastPath* f, PyObject* x) {
@@ -1210,10 +1211,11 @@ int FastPath_init(PyObject* self, PyObject* args, PyObject* kwargs) {
   if (!capsule) return -1;
   f->c = PyCapsule_GetPointer(capsule.get(), DTR_CORE_CAPSULE);
   if (f->c == nullptr) return -1;
-  for (PyObject* name : {names.on_evict, names.on_compute, names.on_pin}) {  // this path's hooks replace the reference's
-    Ref hook(PyObject_GetAttr(self, name));                    // (Budget's end clears every hook)
+  for (PyObject* name : {names.on_compute, names.on_pin}) {  // this path's hooks replace the reference's
+    Ref hook(PyObject_GetAttr(self, name));      // (Budget's end clears every hook)
     if (!hook || PyObject_SetAttr(f->core, name, hook.get()) < 0) return -1;
   }
+  if (api->set_evict_hook(f->c, on_evict_hook, self) < 0) return -1;  // (a C function: one per eviction)
   api->set_compute_hook_first(f->c, 0);  // (DTRMode._on_compute has nothing to do for a first computation)
   f->cost_model = PyObject_GetAttr(mode, names.cost_model);
   if (f->cost_model == nullptr) return -1;
@@ -1270,24 +1272,42 @@ PyObject* FastPath_counts(PyObject* self, void*) {
                        static_cast<unsigned long long>(f->fallback_ops));
 }
 
-// The core's on_evict hook (storage, by_heuristic) while this path runs. DTRMode._on_evict has
-// nothing to do for a storage whose buffer is gone and that nothing references (the common case: the
+// The core's on_evict hook while this path runs (a C function: Note [The core's C route]). DTRMode._on_evict
+// has nothing to do for a storage whose buffer is gone and that nothing references (the common case: the
 // program dropped it and the core freed it), so that case ends here; any other goes to the reference.
-PyObject* FastPath_on_evict(PyObject* self, PyObject* const* args, Py_ssize_t n) {
-  FastPath* f = reinterpret_cast<FastPath*>(self);
+// 0, or -1 with a Python exception set.
+int on_evict(FastPath* f, int s) {
+  Ref key(cached_int(s));
+  if (!key) return -1;
+  PyObject* b = PyDict_GetItemWithError(mget(f, S::phys), key.get());
+  if (b == nullptr && PyErr_Occurred()) return -1;
+  if (b == nullptr || buf_gone(b)) {
+    int64_t refs = api->storage_refs(f->c, s);
+    if (refs < 0) return -1;
+    if (refs == 0) return 0;
+  }
+  Ref r(PyObject_CallMethodOneArg(f->mode, names._on_evict, key.get()));
+  return r ? 0 : -1;
+}
+
+int on_evict_hook(void* ctx, int s, int /*by_heuristic*/) {
+  try {
+    return on_evict(reinterpret_cast<FastPath*>(ctx), s);
+  } catch (const std::exception& e) {
+    if (!PyErr_Occurred()) PyErr_Format(PyExc_RuntimeError, "dtr native per-op path: %s", e.what());
+    return -1;
+  }
+}
+
+PyObject* FastPath_on_evict(PyObject* self, PyObject* const* args, Py_ssize_t n) {  // (the same, from Python)
   if (n < 1 || !PyLong_Check(args[0])) {
     PyErr_SetString(PyExc_TypeError, "on_evict(storage, by_heuristic)");
     return nullptr;
   }
   long s = PyLong_AsLong(args[0]);
-  PyObject* b = PyDict_GetItemWithError(mget(f, S::phys), args[0]);
-  if (b == nullptr && PyErr_Occurred()) return nullptr;
-  if (b == nullptr || buf_gone(b)) {
-    int64_t refs = api->storage_refs(f->c, static_cast<int>(s));
-    if (refs < 0) return nullptr;
-    if (refs == 0) Py_RETURN_NONE;
-  }
-  return PyObject_CallMethodOneArg(f->mode, names._on_evict, args[0]);
+  if (s == -1 && PyErr_Occurred()) return nullptr;
+  if (on_evict_hook(self, static_cast<int>(s), 0) < 0) return nullptr;
+  Py_RETURN_NONE;
 }
 
 // The core's on_compute hook (op, remat) while this path runs: DTRMode._on_compute has work only for a
