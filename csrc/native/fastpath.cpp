@@ -391,6 +391,8 @@ class ScratchLease {
 thread_local std::vector<Scratch*> ScratchLease::pool_;
 thread_local size_t ScratchLease::depth_ = 0;
 
+PyObject* int_tuple(c10::IntArrayRef v);  // (below)
+
 // What the reference predicted for one signature, and what its recipes record.
 struct Entry {
   bool ok = false;                       // sizes known and the leaves agree with the reference's
@@ -401,6 +403,30 @@ struct Entry {
   std::vector<Ref> lay_size, lay_stride, lay_dtype;  // per tensor leaf: (shape, stride, dtype) as recorded
   double flops = -1;                     // the flop estimate, once computed
   Ref flops_model;                       // by this cost model (each has its own cache)
+  // Per owning output, its last recorded (shape, stride) as tuples, shared by every recipe that records
+  // equal ones: an output's layout is nearly always the signature's, and each tuple a recipe keeps is one
+  // more allocation that counts towards the cyclic GC's next collection.
+  std::vector<Ref> out_tuples[2];
+  std::vector<std::vector<int64_t>> out_values[2];
+
+  // A new reference to a tuple of v for output k's shape (which 0) or stride (which 1).
+  PyObject* out_layout(size_t k, int which, c10::IntArrayRef v) {
+    std::vector<Ref>& tuples = out_tuples[which];
+    std::vector<std::vector<int64_t>>& values = out_values[which];
+    if (tuples.size() <= k) {
+      tuples.resize(k + 1);
+      values.resize(k + 1);
+    }
+    if (tuples[k] && values[k].size() == v.size() && std::equal(v.begin(), v.end(), values[k].begin())) {
+      Py_INCREF(tuples[k].get());
+      return tuples[k].get();
+    }
+    PyObject* t = int_tuple(v);
+    if (t == nullptr) return nullptr;
+    tuples[k] = borrowed(t);
+    values[k].assign(v.begin(), v.end());
+    return t;
+  }
 };
 
 // (Never destroyed: their references must not be released after the interpreter is gone.)
@@ -841,7 +867,7 @@ PyObject* commit(FastPath* f, PyObject* func, const OpInfo* info, Entry* e, Scra
         PyDict_SetItem(alive, h.get(), tk.get()) < 0)
       return nullptr;
     out_handles.push_back(borrowed(h.get()));
-    Ref size(int_tuple(ot.sizes())), stride(int_tuple(ot.strides()));
+    Ref size(e->out_layout(k, 0, ot.sizes())), stride(e->out_layout(k, 1, ot.strides()));
     if (!size || !stride) return nullptr;
     PyObject* dtype = reinterpret_cast<PyObject*>(torch::getTHPDtype(ot.scalar_type()));
     Ref slot(new_slot(t, ot.storage_offset(), size.get(), stride.get(), dtype));
