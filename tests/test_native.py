@@ -159,6 +159,35 @@ def test_the_native_path_runs_most_ops_and_hands_the_rest_to_the_reference():
     assert "__torch_dispatch__" not in b._mode.__dict__  # the block's end drops the cycle mode <-> path
 
 
+def test_a_native_block_leaves_no_reference_cycle():
+    """The native path's hooks (a C function among them) hold the mode while the block runs; its end lets go.
+
+    The mode goes by reference counting alone, without the cyclic GC, whether the block ended normally or
+    by a budget error. (The first block of a process is warmed up first: torch.compiler.set_stance imports
+    torch._dynamo then, and that import keeps the calling frames.)"""
+    import weakref
+
+    model = mlp(width=16, depth=2, p=0.0)
+    x, y = torch.randn(4, 16), torch.randint(0, 10, (4,))
+    with dtr.budget(None, native=True):
+        train_step(model, x, y)
+    gc.collect()
+    gc.disable()
+    try:
+        for limit in (None, "1KiB"):
+            try:
+                with dtr.budget(limit, native=True) as b:
+                    ref = weakref.ref(b._mode)
+                    assert b.native
+                    train_step(model, x, y)
+            except dtr.OutOfBudgetError:
+                assert limit is not None
+            del b
+            assert ref() is None, f"budget({limit!r}): the mode is still held after the block"
+    finally:
+        gc.enable()
+
+
 def test_full_polls_release_dropped_activations_natively(monkeypatch):
     """The native full poll releases the activations the program dropped itself; the reference's poll (a
     Python scan of every live tensor) runs only for a dropped constant. The accounting is the reference's."""
