@@ -163,8 +163,9 @@ def test_a_native_block_leaves_no_reference_cycle():
     """The native path's hooks (a C function among them) hold the mode while the block runs; its end lets go.
 
     The mode goes by reference counting alone, without the cyclic GC, whether the block ended normally or
-    by a budget error. (The first block of a process is warmed up first: torch.compiler.set_stance imports
-    torch._dynamo then, and that import keeps the calling frames.)"""
+    by a budget error. (A first block is run before: its torch.compiler.set_stance imports torch._dynamo,
+    which leaves a reference cycle through the calling frames, the block's among them, on either path; the
+    cyclic GC frees it.)"""
     import weakref
 
     model = mlp(width=16, depth=2, p=0.0)
