@@ -99,14 +99,16 @@ struct Env {
 
 // Interned attribute names.
 #define DTR_NAMES(X)                                                                                        \
-  X(device_type) X(_opaque_readers) X(timer) X(recorder) X(ops_seen) X(_next_full_poll) X(_poll_on_schedule) \
-  X(_recent_ops) X(version) X(cdata_of) X(phys) X(recipes) X(handle) X(alive) X(_next_handle) X(_ops_at_gc)  \
-  X(_live_after_gc) X(thrash_limit) X(poll) X(collect) X(_constant) X(_native_predict)         \
-  X(memory) X(peak_memory) X(budget) X(base_compute) X(remat_compute) X(call) X(release) X(_generation)        \
-  X(sizes) X(owning) X(metas) X(estimate) X(mutated) X(device) X(__exit__) X(cost_model) X(measured)        \
-  X(untyped_storage) X(_schedule_full_poll) X(storage_of) X(defined) X(pinned) X(resident) X(storage_refs) X(begin_call)            \
-  X(end_call) X(abort_call) X(op_outputs) X(forget) X(set_remat_limit) X(_core) X(core) X(on_evict) X(_on_evict) X(on_compute) X(_on_compute) \
-  X(on_pin) X(constant) X(_set_device)
+  X(poll) X(collect) X(_native_predict) X(call) X(release) X(_generation) X(sizes) X(owning) X(metas) \
+  X(estimate) X(mutated) X(device) X(__exit__) X(cost_model) X(measured) X(untyped_storage) \
+  X(_schedule_full_poll) X(_core) X(core) X(_on_evict) X(on_compute) X(_on_compute) X(on_pin) X(constant) \
+  X(_set_device)
+struct Names {
+#define DTR_DECL(n) PyObject* n = nullptr;
+  DTR_NAMES(DTR_DECL)
+#undef DTR_DECL
+} names;
+
 // The mode's attributes this path reads or writes on every op: slots of DTRMode (Note [The mode's slots] in
 // dtr/runtime/mode.py), read at their offsets, found once by configure().
 #define DTR_MODE_SLOTS(X)                                                                                     \
@@ -126,12 +128,6 @@ const char* const kSlotNames[] = {
 };
 Py_ssize_t mode_slots[static_cast<int>(S::count)];
 PyTypeObject* mode_type = nullptr;  // DTRMode
-
-struct Names {
-#define DTR_DECL(n) PyObject* n = nullptr;
-  DTR_NAMES(DTR_DECL)
-#undef DTR_DECL
-} names;
 
 bool intern_names() {
 #define DTR_INTERN(n) if (!(names.n = PyUnicode_InternFromString(#n))) return false;
