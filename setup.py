@@ -23,8 +23,8 @@ ext_modules = [
             # The FastSA planner's annealing loop (dtr/sim/planners/fastsa.py).
             "csrc/fastsa.cpp",
         ],
-        depends=["csrc/core.h", "csrc/core_internal.h", "csrc/core_api.h", "csrc/program.h", "csrc/replay.h",
-                 "csrc/fastsa.h"],
+        depends=["csrc/core.h", "csrc/core_internal.h", "csrc/core_api.h", "csrc/depth_pool.h", "csrc/program.h",
+                 "csrc/replay.h", "csrc/fastsa.h"],
         include_dirs=["csrc"],
         cxx_std=17,
         extra_compile_args=["-O2"],
@@ -44,7 +44,7 @@ def _native_extension():
     return Extension(
         "dtr._native",
         ["csrc/native/fastpath.cpp"],
-        depends=["csrc/core_api.h"],
+        depends=["csrc/core_api.h", "csrc/depth_pool.h"],
         include_dirs=["csrc", *cpp_extension.include_paths()],
         library_dirs=cpp_extension.library_paths(),
         libraries=["c10", "torch", "torch_cpu", "torch_python"],

@@ -10,6 +10,7 @@
 
 #include "core.h"
 #include "core_api.h"
+#include "depth_pool.h"
 #include "fastsa.h"
 #include "program.h"
 #include "replay.h"
@@ -132,28 +133,10 @@ auto guarded(F&& f, decltype(f()) on_error) -> decltype(f()) {
   }
 }
 
-// begin_call's argument vectors, kept between calls so that their capacity stays (three heap allocations
-// per op otherwise). Indexed by nesting depth: making room runs the driver's hooks, which may call again.
+// begin_call's argument vectors, kept between calls (Note [Scratch by nesting depth] in depth_pool.h).
 struct CallArgs {
   std::vector<int> inputs, none;
   std::vector<int64_t> sizes;
-};
-thread_local std::vector<CallArgs*> call_args;
-thread_local size_t call_depth = 0;
-
-class CallArgsLease {
- public:
-  CallArgsLease() {
-    if (call_depth == call_args.size()) call_args.push_back(new CallArgs());  // (never freed: a few per thread)
-    a_ = call_args[call_depth++];
-  }
-  ~CallArgsLease() { --call_depth; }
-  CallArgsLease(const CallArgsLease&) = delete;
-  CallArgsLease& operator=(const CallArgsLease&) = delete;
-  CallArgs& operator*() const { return *a_; }
-
- private:
-  CallArgs* a_;
 };
 
 const DtrCoreApi core_api = {
@@ -171,7 +154,7 @@ const DtrCoreApi core_api = {
     [](void* c, double limit) { as_core(c).set_remat_limit(limit); },
     [](void* c, const int* inputs, int n_in, const int64_t* sizes, int n_out, double cost) {
       return guarded([&] {
-        CallArgsLease lease;
+        DepthLease<CallArgs> lease;
         CallArgs& a = *lease;
         a.inputs.assign(inputs, inputs + n_in);
         a.sizes.assign(sizes, sizes + n_out);

@@ -274,9 +274,6 @@ class Core {
   bool is_alias(int t) const { return tensors_.at(t).alias; }
   int storage_root(int s) const { return storages_.at(s).root; }
 
-  // One level of materialize()'s explicit stack (core_materialize.cpp); public only for its pool of stacks.
-  struct Frame;
-
  private:
   struct Tensor {
     int storage, op, index;
@@ -355,6 +352,7 @@ class Core {
 
   int new_op(const std::vector<int>& inputs, const std::vector<int64_t>& sizes, const std::vector<int>& alias_of,
              double cost);
+  struct Frame;                 // one level of materialize()'s explicit stack
   void materialize(int t, bool remat, bool stop_before_root = false);
   void push_frame(std::vector<Frame>& stack, int t, bool remat);
   void abandon_frames(const std::vector<Frame>& stack);  // materialize() failed: give back what they took

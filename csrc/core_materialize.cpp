@@ -1,6 +1,7 @@
 // core_materialize.cpp - (re)materialization: require, pin, protect, the explicit-stack recursion
 // that recomputes evicted inputs, and computing an op.
 #include "core_internal.h"
+#include "depth_pool.h"
 
 namespace dtr {
 
@@ -140,35 +141,11 @@ void Core::push_frame(std::vector<Frame>& stack, int t, bool remat) {
   stack.push_back(std::move(f));
 }
 
-namespace {
-// materialize()'s stacks, kept between calls so that their capacity stays (a heap allocation per op
-// otherwise). Indexed by nesting depth: a hook may run a driver's code that materializes again.
-thread_local std::vector<std::vector<Core::Frame>*> frame_stacks;
-thread_local size_t frame_depth = 0;
-
-class FrameStackLease {
- public:
-  FrameStackLease() {
-    if (frame_depth == frame_stacks.size()) frame_stacks.push_back(new std::vector<Core::Frame>());  // (never freed)
-    stack_ = frame_stacks[frame_depth++];
-    stack_->clear();
-  }
-  ~FrameStackLease() {
-    stack_->clear();
-    --frame_depth;
-  }
-  FrameStackLease(const FrameStackLease&) = delete;
-  FrameStackLease& operator=(const FrameStackLease&) = delete;
-  std::vector<Core::Frame>& operator*() const { return *stack_; }
-
- private:
-  std::vector<Core::Frame>* stack_;
-};
-}  // namespace
-
 void Core::materialize(int t0, bool remat0, bool stop_before_root) {
-  FrameStackLease lease;
+  // (kept between calls, so that its capacity stays: Note [Scratch by nesting depth] in depth_pool.h)
+  DepthLease<std::vector<Frame>> lease;
   std::vector<Frame>& stack = *lease;
+  stack.clear();
   push_frame(stack, t0, remat0);
   try {
     while (!stack.empty()) {

@@ -44,6 +44,7 @@
 #include <c10/core/StorageImpl.h>
 
 #include "core_api.h"
+#include "depth_pool.h"
 #include <c10/util/intrusive_ptr.h>
 
 #include <algorithm>
@@ -355,7 +356,7 @@ struct KeyHash {
 };
 
 // One op's temporaries, kept between ops so that their vectors keep their capacity (an op made a dozen
-// heap allocations for them). Indexed by nesting depth: a hook that runs Python may dispatch again.
+// heap allocations for them): Note [Scratch by nesting depth] in depth_pool.h.
 struct Scratch {
   Scan scan;
   std::vector<long> ins, new_tensors;
@@ -366,26 +367,6 @@ struct Scratch {
     ins.clear(); new_tensors.clear(); in_ids.clear(); outs.clear(); flat.clear(); handles.clear(); dead.clear();
   }
 };
-
-class ScratchLease {
- public:
-  ScratchLease() {
-    if (depth_ == pool_.size()) pool_.push_back(new Scratch());
-    s_ = pool_[depth_++];
-    s_->clear();
-  }
-  ~ScratchLease() { --depth_; }
-  ScratchLease(const ScratchLease&) = delete;
-  ScratchLease& operator=(const ScratchLease&) = delete;
-  Scratch& operator*() const { return *s_; }
-
- private:
-  Scratch* s_;
-  static thread_local std::vector<Scratch*> pool_;  // (never freed: a few per thread)
-  static thread_local size_t depth_;
-};
-thread_local std::vector<Scratch*> ScratchLease::pool_;
-thread_local size_t ScratchLease::depth_ = 0;
 
 PyObject* int_tuple(c10::IntArrayRef v);  // (below)
 
@@ -1058,8 +1039,9 @@ PyObject* fast_call(FastPath* f, PyObject* func, PyObject* types, PyObject* args
   const OpInfo* info = op_info(func);
   if (info == nullptr) return nullptr;
   if (!info->fast) return run_fallback(f, func, types, args, kwargs);
-  ScratchLease lease;
+  dtr::DepthLease<Scratch> lease;
   Scratch& scratch = *lease;
+  scratch.clear();
   Scan& s = scratch.scan;
   s.device = f->device;
   if (!scan_args(func, args, kwargs, s) || s.tpos.empty()) {
