@@ -226,14 +226,6 @@ class _Buf:
         return st
 
 
-# Note [Versions]
-# The core sees one tensor per *version* of a physical storage. A view is not
-# a new core tensor (it shares the storage, so it comes back with it). An
-# in-place op creates a new version that takes over the buffer; the old version
-# loses its bytes but stays recomputable into a fresh buffer if something
-# evicted still needs the old value. Recorded ops refer to their inputs by
-# version (a Slot), never by the tensor object, so a recomputation always reads
-# the value the op originally read.
 # Note [Handles]
 # A handle names one storage as the program sees it, across its in-place
 # versions: an in-place write moves the handle to the new version. Liveness is
@@ -243,6 +235,16 @@ class _Buf:
 # when a log is recorded. Each is made once, by _new_handle, and only copied
 # after that, so equal handles are one object (the native path's poll
 # compares them by identity).
+
+
+# Note [Versions]
+# The core sees one tensor per *version* of a physical storage. A view is not
+# a new core tensor (it shares the storage, so it comes back with it). An
+# in-place op creates a new version that takes over the buffer; the old version
+# loses its bytes but stays recomputable into a fresh buffer if something
+# evicted still needs the old value. Recorded ops refer to their inputs by
+# version (a Slot), never by the tensor object, so a recomputation always reads
+# the value the op originally read.
 class Slot(NamedTuple):
     """A tensor argument or output of a recorded op: a view of one storage version."""
 
