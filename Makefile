@@ -35,11 +35,15 @@ lint: venv
 
 # The whole suite runs on the native per-op path (dtr._native must be built: DTR_REQUIRE_NATIVE), then the
 # runtime's own tests run again on the Python reference path (DTR_NATIVE=0): every runtime test on both paths.
+# The exactness classes and the random programs run a third time with ops entering through the dispatch key
+# (DTR_ENTRY=key, Note [The dispatch-key entry] in csrc/native/fastpath.cpp).
 RUNTIME_TESTS = tests/test_runtime.py tests/test_runtime_fuzz.py tests/test_exactness.py tests/test_runtime_models.py \
                 tests/test_runtime_compat.py tests/test_training_loops.py
+KEY_TESTS = tests/test_exactness.py tests/test_runtime_fuzz.py
 test: lint
 	DTR_REQUIRE_NATIVE=1 $(PY) -m pytest -q
 	DTR_NATIVE=0 $(PY) -m pytest -q $(RUNTIME_TESTS)
+	DTR_ENTRY=key $(PY) -m pytest -q $(KEY_TESTS)
 
 bench: venv
 	$(PY) benchmarks/bench_sim.py --out BENCHMARKS.md

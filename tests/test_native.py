@@ -297,3 +297,130 @@ def test_wrapper_subclasses_behave_as_on_the_reference():
         except Exception as e:  # whatever the reference does, the native path must do the same
             return (type(e).__name__, str(e).split("\n")[0])
     assert run(True) == run(False)
+
+
+# ------------------------------------------------------------- the dispatch-key entry
+# Note [The dispatch-key entry] in csrc/native/fastpath.cpp: ops reach dtr through a C++ fallback on a
+# dispatch key instead of a TorchDispatchMode. Its steps are fast_call's, compared with the reference above
+# through the mode's entry. Its op stream is not a mode's, and not even the same with every op sent to the
+# reference (Python objects made for the reference's results change which gradient sums autograd does in
+# place), so here it is checked on its own: values bit-equal to plain PyTorch under budgets that evict, and
+# its recorded log replaying to the decisions it made.
+
+def _key_run(tmp_path, name, fn, limit):
+    from dtr.core import ReplayStatus
+    from dtr.sim import replay
+    path = tmp_path / f"{name}.jsonl"
+    torch.manual_seed(0)
+    with dtr.budget(limit, cost_model="flops", log=path, entry="key", thrash_limit=None) as b:
+        got = fn()
+    assert b._mode.entered == "key"
+    r = replay(path, "eqclass", limit, thrash_limit=float("inf"))
+    assert r.status == ReplayStatus.OK, name
+    assert (r.evictions, r.remats, r.peak_bytes) == (b.stats["evictions"], b.stats["remats"],
+                                                     b.stats["peak_bytes"]), name
+    return got, b.stats
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_random_programs_through_the_dispatch_key(tmp_path, seed):
+    p = generate(seed)
+    want = run(p)
+    _, stats = _key_run(tmp_path, f"seed{seed}", lambda: run(p), None)
+    evicted = 0
+    for f in (0.6, 0.4):
+        try:
+            got, st = _key_run(tmp_path, f"seed{seed}-{f}", lambda: run(p), int(f * stats["peak_bytes"]))
+        except (dtr.OutOfBudgetError, dtr.ThrashingError):
+            continue  # (as on the mode's entry, some programs cannot run in 40%)
+        evicted += st["evictions"]
+        assert_equal(got, want, f"seed {seed} at {f}")
+    assert evicted > 0, "no budget evicted: the test does not cover recomputation through the key"
+
+
+@pytest.mark.parametrize("name", sorted(_models()))
+def test_models_through_the_dispatch_key(tmp_path, name):
+    torch.manual_seed(0)
+    model, loss = _models()[name]()
+
+    def step():
+        model.zero_grad(set_to_none=True)
+        out = loss()
+        if out.requires_grad:  # (train_step runs its own backward)
+            out.backward()
+        return [out.detach()] + [q.grad.clone() for q in model.parameters() if q.grad is not None]
+
+    torch.manual_seed(0)
+    want = step()
+    _, stats = _key_run(tmp_path, name, step, None)
+    got, st = _key_run(tmp_path, f"{name}-0.7", step, int(0.7 * stats["peak_bytes"]))
+    assert st["evictions"] > 0
+    assert len(got) == len(want) and all(same_bits(a, c) for a, c in zip(want, got)), name
+
+
+def test_the_dispatch_key_runs_most_ops_natively_and_ends_with_the_block():
+    from torch.utils._python_dispatch import _get_current_dispatch_mode
+    model = mlp(width=32, depth=3, p=0.0)
+    x, y = torch.randn(8, 32), torch.randint(0, 10, (8,))
+    with dtr.budget(None, entry="key") as b:
+        assert native.key_active() and _get_current_dispatch_mode() is None
+        fast = b._mode._fast
+        train_step(model, x, y)
+        nat, ref = fast.counts
+        with b._mode.off():
+            assert not native.key_active()
+            before = b.stats["ops"]
+            torch.ones(3) * 2  # not seen
+            assert b.stats["ops"] == before
+    assert not native.key_active()
+    assert nat > 3 * ref, (nat, ref)  # (the reference: gradient sums done in place, copies)
+    before = b.stats["ops"]
+    torch.ones(3) * 2  # after the block: not seen
+    assert b.stats["ops"] == before
+
+
+def test_the_dispatch_key_keeps_errors_and_program_modes():
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Count(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.n = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.n += 1
+            return func(*args, **(kwargs or {}))
+
+    model = mlp(width=32, depth=3, p=0.0)
+    x, y = torch.randn(8, 32), torch.randint(0, 10, (8,))
+    torch.manual_seed(0)
+    train_step(model, x, y)
+    want = [q.grad.clone() for q in model.parameters()]
+    with dtr.budget(None, entry="key") as b:
+        with Count() as c:  # the program's mode sees the ops first, then dtr does
+            model.zero_grad(set_to_none=True)
+            train_step(model, x, y)
+    assert c.n > 0 and b.stats["ops"] >= c.n
+    assert all(torch.equal(a, q.grad) for a, q in zip(want, model.parameters()))
+    with pytest.raises(dtr.OutOfBudgetError):  # raised inside the key's C++ fallback: the same exception
+        with dtr.budget("1KiB", entry="key"):
+            train_step(model, x, y)
+    with pytest.raises(RuntimeError, match="shape"):  # an op's own error passes through as it is
+        with dtr.budget(None, entry="key"):
+            torch.randn(2, 3) @ torch.randn(2, 3)
+    with dtr.budget(None, entry="key"):
+        with pytest.raises(RuntimeError, match="do not nest"):
+            with dtr.budget(None):
+                pass
+    assert not native.key_active()
+
+
+def test_the_entry_is_chosen_by_argument_or_environment(monkeypatch):
+    monkeypatch.setenv("DTR_ENTRY", "key")
+    assert dtr.budget(None).entry == "key"
+    assert dtr.budget(None, entry="mode").entry == "mode"
+    monkeypatch.setenv("DTR_ENTRY", "sideways")
+    with pytest.raises(ValueError, match="DTR_ENTRY='sideways'.*'mode'.*'key'"):
+        dtr.budget(None)
+    with pytest.raises(ValueError, match="entry='x'"):
+        dtr.budget(None, entry="x")

@@ -16,7 +16,6 @@ import dtr  # noqa: E402
 
 # Storage introspection that does not count as the program's memory escaping (dtr/runtime/escapes.py).
 _storage = torch._C.TensorBase.untyped_storage
-from torch.utils._python_dispatch import _disable_current_modes  # noqa: E402
 
 from dtr.core import ReplayStatus  # noqa: E402
 from dtr.runtime.mode import _SWAP  # noqa: E402
@@ -511,7 +510,7 @@ def test_dropped_constant_protects_a_value_computed_from_it():
 
 def full_poll(b):
     """A full poll as the mode runs one: with the mode off, so that what it recomputes is not seen as new ops."""
-    with _disable_current_modes():
+    with b._mode.off():
         b._mode.poll()
 
 
@@ -667,8 +666,8 @@ def test_a_factory_makes_room_before_it_allocates(monkeypatch, factory):
     make = {"ones": lambda: torch.ones(n), "randn": lambda: torch.randn(n),
             "arange": lambda: torch.arange(n, dtype=torch.float32)}[factory]
     x = torch.randn(n)
-    with _Executed(events):
-        with dtr.budget(5 * 4 * n, cost_model="flops") as b:
+    with _Executed(events):  # (the mode's entry: through the key, a program's mode sees ops before dtr does)
+        with dtr.budget(5 * 4 * n, cost_model="flops", entry="mode") as b:
             hs = [x * 2]
             for _ in range(3):
                 hs.append(hs[-1] * 2)  # x and 4 activations: the budget is full

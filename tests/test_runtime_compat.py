@@ -338,8 +338,9 @@ def test_fifty_steps_exact_and_bounded_memory(one_with):
         with _disable_current_modes():  # parameters are constants: always resident; copies untracked
             params.append([p.detach().clone() for p in model.parameters()])
 
+    # (record() turns Python modes off with torch's _disable_current_modes: the mode's entry, pinned)
     if one_with:
-        with dtr.budget(limit, cost_model="flops") as b:
+        with dtr.budget(limit, cost_model="flops", entry="mode") as b:
             for step in range(STEPS):
                 loss = train_one(model, opt, data, step)
                 record(loss)
@@ -349,7 +350,7 @@ def test_fifty_steps_exact_and_bounded_memory(one_with):
         budgets.append(b)
     else:
         for step in range(STEPS):
-            with dtr.budget(limit, cost_model="flops") as b:
+            with dtr.budget(limit, cost_model="flops", entry="mode") as b:
                 loss = train_one(model, opt, data, step)
                 record(loss)
             memory.append(b.stats["memory_bytes"])
@@ -509,7 +510,7 @@ def test_mode_is_gone_after_the_block_and_tensors_are_usable():
 
     # 70%: the four held tensors must all be resident at the end (the output condition).
     limit = budget_at(constant_bytes(model, x, y), peak_of(lambda: body(copy.deepcopy(model))), 0.7)
-    with dtr.budget(limit, cost_model="flops") as b:
+    with dtr.budget(limit, cost_model="flops", entry="mode") as b:  # (a TorchDispatchMode: the mode's entry)
         assert _get_current_dispatch_mode() is not None
         hidden = body(model)
     assert b.stats["evictions"] > 0

@@ -41,7 +41,13 @@
 #include <torch/csrc/MemoryFormat.h>
 #include <torch/csrc/Storage.h>
 #include <torch/csrc/autograd/python_variable.h>
+#include <torch/csrc/Exceptions.h>
+#include <torch/csrc/jit/python/pybind_utils.h>
+#include <torch/csrc/utils/tensor_memoryformats.h>
+#include <torch/library.h>
+#include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/StorageImpl.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
 
 #include "core_api.h"
 #include "depth_pool.h"
@@ -362,9 +368,11 @@ struct Scratch {
   std::vector<long> ins, new_tensors;
   std::vector<int> in_ids, outs;
   std::vector<PyObject*> flat, handles, dead;
+  std::vector<at::Tensor> touts;  // the op's flattened outputs (undefined where one is not a tensor)
   void clear() {
     scan.key.clear(); scan.leaves.clear(); scan.tpos.clear(); scan.ok = true;
     ins.clear(); new_tensors.clear(); in_ids.clear(); outs.clear(); flat.clear(); handles.clear(); dead.clear();
+    touts.clear();
   }
 };
 
@@ -433,6 +441,7 @@ struct FastPath {
   PyObject* device_name;  // the mode's device_type when `device` was parsed (owned), or null
   uint64_t native_ops, fallback_ops;
   vectorcallfunc vectorcall;
+  bool key_reference;  // through the dispatch key, every op to the reference (tests: the same op stream)
 };
 
 PyObject* mget(FastPath* f, S name) {  // the mode's slot, borrowed; null with no error set if it is unset
@@ -777,10 +786,46 @@ Entry* entry_for(FastPath* f, PyObject* func, PyObject* args, PyObject* kwargs, 
   return &predictions.emplace(s.key, std::move(e)).first->second;
 }
 
-PyObject* run_fallback(FastPath* f, PyObject* func, PyObject* types, PyObject* args, PyObject* kwargs) {
+// The dispatch key the entry takes (Note [The dispatch-key entry]).
+constexpr c10::DispatchKey kEntryKey = c10::DispatchKey::Fake;
+
+// An op that arrived through the dispatch key (Note [The dispatch-key entry]): where it is on the stack.
+struct KeyCall {
+  const c10::OperatorHandle* op;
+  c10::DispatchKeySet ks;
+  torch::jit::Stack* stack;
+  size_t n_args;
+};
+
+// The reference's result in place of the op's arguments on the stack (what torch's Python fallback does).
+void push_result(const KeyCall& kc, PyObject* r) {
+  const auto& returns = kc.op->schema().returns();
+  torch::jit::drop(*kc.stack, kc.n_args);
+  if (returns.empty()) return;
+  if (returns.size() == 1) {
+    kc.stack->push_back(torch::jit::toIValue(r, returns[0].real_type()));
+    return;
+  }
+  if (!PyTuple_Check(r) || PyTuple_GET_SIZE(r) != static_cast<Py_ssize_t>(returns.size()))
+    throw std::runtime_error("dtr internal error: the reference returned the wrong number of outputs");
+  for (size_t i = 0; i < returns.size(); ++i)
+    kc.stack->push_back(torch::jit::toIValue(PyTuple_GET_ITEM(r, i), returns[i].real_type()));
+}
+
+PyObject* run_fallback(FastPath* f, PyObject* func, PyObject* types, PyObject* args, PyObject* kwargs,
+                       const KeyCall* kc) {
   f->fallback_ops++;
   PyObject* a[5] = {f->mode, func, types, args, kwargs ? kwargs : Py_None};
-  return PyObject_Vectorcall(f->fallback, a, 5, nullptr);
+  PyObject* r = PyObject_Vectorcall(f->fallback, a, 5, nullptr);
+  if (r != nullptr && kc != nullptr) {
+    try {
+      push_result(*kc, r);
+    } catch (...) {
+      Py_DECREF(r);
+      throw;
+    }
+  }
+  return r;
 }
 
 // remat_allowance(thrash_limit, core.base_compute), the core's rule (csrc/core.h), through its table.
@@ -793,8 +838,7 @@ PyObject* commit(FastPath* f, PyObject* func, const OpInfo* info, Entry* e, Scra
   Scan& s = scratch.scan;
   const std::vector<long>& ins = scratch.ins;
   Ref out_ref = borrowed(out);
-  std::vector<PyObject*>& flat = scratch.flat;
-  flatten_out(out, flat);
+  const std::vector<at::Tensor>& touts = scratch.touts;
   std::vector<int>& outs = scratch.outs;
   outs.assign(e->sizes.size() + 1, -1);
   int n_outs = api->op_outputs(f->c, static_cast<int>(op), outs.data(), static_cast<int>(outs.size()));
@@ -812,13 +856,12 @@ PyObject* commit(FastPath* f, PyObject* func, const OpInfo* info, Entry* e, Scra
   out_handles.reserve(e->owning.size());
   for (size_t k = 0; k < e->owning.size(); ++k) {
     int pos = e->owning[k];
-    PyObject* o = pos < static_cast<int>(flat.size()) ? flat[pos] : nullptr;
-    if (o == nullptr || !THPVariable_Check(o)) {
+    if (pos >= static_cast<int>(touts.size()) || !touts[pos].defined()) {
       PyErr_Format(PyExc_RuntimeError, "dtr internal error: output %d of %R is not a tensor; please report this",
                    pos, func);
       return nullptr;
     }
-    const at::Tensor& ot = THPVariable_Unpack(o);
+    const at::Tensor& ot = touts[pos];
     if (!ot.has_storage()) {
       PyErr_Format(PyExc_RuntimeError, "dtr: output %d of %R has no storage; run with DTR_NATIVE=0 and please "
                    "report this", pos, func);
@@ -1009,7 +1052,8 @@ bool set_device_from(FastPath* f, PyObject* args, PyObject* kwargs) {
   return static_cast<bool>(done);
 }
 
-PyObject* fast_call(FastPath* f, PyObject* func, PyObject* types, PyObject* args, PyObject* kwargs) {
+PyObject* fast_call(FastPath* f, PyObject* func, PyObject* types, PyObject* args, PyObject* kwargs,
+                    const KeyCall* kc) {
   if (kwargs == Py_None || (kwargs != nullptr && PyDict_GET_SIZE(kwargs) == 0)) kwargs = nullptr;
   PyObject* device_type = mget(f, S::device_type);
   if (device_type == Py_None && PyTuple_Check(args)) {
@@ -1023,7 +1067,7 @@ PyObject* fast_call(FastPath* f, PyObject* func, PyObject* types, PyObject* args
       (opaque != nullptr && PyDict_Check(opaque) && PyDict_GET_SIZE(opaque) > 0) || timer == nullptr ||
       (f->measured && reinterpret_cast<PyObject*>(Py_TYPE(timer)) != env.wall_timer) || !PyTuple_Check(args)) {
     if (PyErr_Occurred()) return nullptr;
-    return run_fallback(f, func, types, args, kwargs);
+    return run_fallback(f, func, types, args, kwargs, kc);
   }
   if (device_type != f->device_name) {
     const char* name = PyUnicode_AsUTF8(device_type);
@@ -1031,14 +1075,14 @@ PyObject* fast_call(FastPath* f, PyObject* func, PyObject* types, PyObject* args
     try {
       f->device = c10::Device(std::string(name)).type();
     } catch (const std::exception&) {
-      return run_fallback(f, func, types, args, kwargs);
+      return run_fallback(f, func, types, args, kwargs, kc);
     }
     Py_INCREF(device_type);
     Py_XSETREF(f->device_name, device_type);
   }
   const OpInfo* info = op_info(func);
   if (info == nullptr) return nullptr;
-  if (!info->fast) return run_fallback(f, func, types, args, kwargs);
+  if (!info->fast || (kc != nullptr && f->key_reference)) return run_fallback(f, func, types, args, kwargs, kc);
   dtr::DepthLease<Scratch> lease;
   Scratch& scratch = *lease;
   scratch.clear();
@@ -1046,11 +1090,11 @@ PyObject* fast_call(FastPath* f, PyObject* func, PyObject* types, PyObject* args
   s.device = f->device;
   if (!scan_args(func, args, kwargs, s) || s.tpos.empty()) {
     if (PyErr_Occurred()) return nullptr;
-    return run_fallback(f, func, types, args, kwargs);
+    return run_fallback(f, func, types, args, kwargs, kc);
   }
   Entry* e = entry_for(f, func, args, kwargs, s);
   if (e == nullptr) return nullptr;
-  if (!e->ok) return run_fallback(f, func, types, args, kwargs);
+  if (!e->ok) return run_fallback(f, func, types, args, kwargs, kc);
   f->native_ops++;
 
   // From here on, the reference's __torch_dispatch__ step by step.
@@ -1128,26 +1172,199 @@ PyObject* fast_call(FastPath* f, PyObject* func, PyObject* types, PyObject* args
   if (op < 0) { translate_error(); return nullptr; }
   // The op itself, timed on the host clock (timing.WallTimer: perf_counter_ns) when costs are measured.
   auto t0 = std::chrono::steady_clock::now();
-  PyObject* out = PyObject_Call(info->call.get(), args, kwargs);
-  auto t1 = std::chrono::steady_clock::now();
-  if (out == nullptr) {
-    PyObject *et, *ev, *etb;
-    PyErr_Fetch(&et, &ev, &etb);
-    if (api->abort_call(f->c, op) < 0) PyErr_Clear();  // (the op's own error is the one the program sees)
-    PyErr_Restore(et, ev, etb);
-    return nullptr;
+  PyObject* out;
+  std::vector<at::Tensor>& touts = scratch.touts;
+  struct Release {  // (the scratch outlives the op: holding its outputs would keep them alive)
+    std::vector<at::Tensor>& v;
+    ~Release() { v.clear(); }
+  } release_outputs{touts};
+  if (kc != nullptr) {  // the op's own arguments, run below this key (Note [The dispatch-key entry])
+    try {
+      kc->op->redispatchBoxed(kc->ks & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, kEntryKey), kc->stack);
+    } catch (...) {
+      if (api->abort_call(f->c, op) < 0) PyErr_Clear();  // (the op's own error is the one the program sees)
+      throw;
+    }
+    size_t n_ret = kc->op->schema().returns().size();
+    for (size_t i = kc->stack->size() - n_ret; i < kc->stack->size(); ++i) {
+      const c10::IValue& v = (*kc->stack)[i];
+      if (v.isTensor()) {
+        touts.push_back(v.toTensor());
+      } else if (v.isTensorList()) {
+        for (const at::Tensor& x : v.toTensorList().vec()) touts.push_back(x);
+      } else if (v.isList()) {  // (Tensor?[]: a leaf per element, as the reference flattens it)
+        for (const c10::IValue& x : v.toListRef()) touts.push_back(x.isTensor() ? x.toTensor() : at::Tensor());
+      } else {
+        touts.emplace_back();
+      }
+    }
+    Py_INCREF(Py_None);
+    out = Py_None;
+  } else {
+    out = PyObject_Call(info->call.get(), args, kwargs);
+    if (out == nullptr) {
+      PyObject *et, *ev, *etb;
+      PyErr_Fetch(&et, &ev, &etb);
+      if (api->abort_call(f->c, op) < 0) PyErr_Clear();  // (the op's own error is the one the program sees)
+      PyErr_Restore(et, ev, etb);
+      return nullptr;
+    }
+    std::vector<PyObject*>& flat = scratch.flat;
+    flatten_out(out, flat);
+    for (PyObject* o : flat) touts.push_back(THPVariable_Check(o) ? THPVariable_Unpack(o) : at::Tensor());
   }
+  auto t1 = std::chrono::steady_clock::now();
   if (f->measured) cost = static_cast<double>(std::chrono::duration_cast<std::chrono::nanoseconds>(t1 - t0).count());
   PyObject* result = commit(f, func, info, e, scratch, op, out, cost, rng.get(), ops_seen, lim);
   Py_DECREF(out);
   return result;
 }
 
+
+// ---------------------------------------------------------- the dispatch key
+// Note [The dispatch-key entry]
+// A TorchDispatchMode costs every op a round trip into Python and back: its
+// arguments and results converted twice, the mode's __torch_dispatch__ looked
+// up and called, the op's Python object called. On the TreeLSTM that alone
+// costs about 1.3x plain PyTorch (benchmarks/bench_dispatch_floor.py), more
+// than the issue allows dtr in all. The entry instead puts a C++ boxed
+// fallback on a dispatch key below autograd and includes that key in the
+// thread's dispatch key set while the block runs (ThreadLocalState carries it
+// to the autograd engine's threads, as it carries the mode stack): every op
+// autograd passes down arrives at `key_entry` with its arguments on the
+// stack. It converts the arguments to Python (cheap: the tensors mostly have
+// their Python objects already) and runs the same steps as the mode's entry
+// (fast_call), except that the op itself runs on the original stack below
+// the key and its outputs are read from there, never converted back.
+// Whatever the native steps do not take goes to the reference's
+// __torch_dispatch__, whose result replaces the arguments on the stack.
+//
+// The key is `Fake`, which torch 2.13 reserves for a C++ FakeTensor mode and
+// registers nothing for; the fallback is registered on the first block that
+// asks for this entry, and a failure to register is an error the block
+// reports (dtr then uses the mode's entry). While dtr's own work runs (the
+// op, recomputations, the reference), every key from this one up is
+// excluded, as torch excludes every key above Python while a mode's handler
+// runs: nothing dtr runs is seen again or recorded by autograd.
+//
+// What differs from a mode: the op stream. Without Python objects holding
+// extra references, autograd accumulates gradients in place (add_ where a
+// mode sees add) and shallow copies do not dispatch detach. So the
+// differential tests compare this entry's native steps against this entry's
+// reference (key_reference: every op to the reference), which see the same
+// stream. User modes (Python key, above this one) see ops before dtr.
+FastPath* key_owner = nullptr;  // the block that owns the key, owned (one at a time: the key's state is process-wide)
+bool key_registered = false;
+
+PyObject* python_op(const c10::OperatorHandle& op) {  // torch.ops.<ns>.<name>.<overload>, cached, borrowed
+  static auto& ops = *new std::unordered_map<const c10::FunctionSchema*, Ref>();
+  const c10::FunctionSchema& schema = op.schema();
+  auto it = ops.find(&schema);
+  if (it != ops.end()) return it->second.get();
+  const std::string& full = schema.name();
+  auto sep = full.find("::");
+  std::string ns = full.substr(0, sep), name = full.substr(sep + 2);
+  std::string overload = schema.overload_name().empty() ? "default" : schema.overload_name();
+  Ref torch_mod(PyImport_ImportModule("torch"));
+  Ref o(torch_mod ? PyObject_GetAttrString(torch_mod.get(), "ops") : nullptr);
+  for (const std::string* part : {&ns, &name, &overload}) {
+    if (!o) return nullptr;
+    o = Ref(PyObject_GetAttrString(o.get(), part->c_str()));
+  }
+  if (!o) return nullptr;
+  PyObject* r = o.get();
+  ops.emplace(&schema, std::move(o));
+  return r;
+}
+
+// One argument as a mode's handler receives it (torch passes dtypes, layouts and memory formats as their objects).
+PyObject* argument_to_python(const c10::Argument& arg, const c10::IValue& v) {
+  if (v.isNone()) Py_RETURN_NONE;
+  c10::TypePtr t = arg.real_type();
+  if (auto opt = t->cast<c10::OptionalType>()) t = opt->getElementType();
+  switch (t->kind()) {
+    case c10::TypeKind::ScalarTypeType: {
+      PyObject* o = reinterpret_cast<PyObject*>(torch::getTHPDtype(static_cast<c10::ScalarType>(v.toInt())));
+      Py_INCREF(o);
+      return o;
+    }
+    case c10::TypeKind::LayoutType: {
+      PyObject* o = reinterpret_cast<PyObject*>(torch::getTHPLayout(static_cast<c10::Layout>(v.toInt())));
+      Py_INCREF(o);
+      return o;
+    }
+    case c10::TypeKind::MemoryFormatType: {
+      PyObject* o = torch::utils::getTHPMemoryFormat(static_cast<c10::MemoryFormat>(v.toInt()));
+      Py_XINCREF(o);
+      return o;
+    }
+    default:
+      return torch::jit::toPyObject(v).release().ptr();
+  }
+}
+
+void key_entry(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
+  // dtr's own work and the op's are below this key and outside autograd (see the Note above)
+  c10::impl::ExcludeDispatchKeyGuard off(c10::DispatchKeySet(c10::DispatchKeySet::FULL) ^
+                                         c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, kEntryKey));
+  pybind11::gil_scoped_acquire gil;
+  FastPath* f = key_owner;
+  if (f == nullptr) {  // (no block owns the key: pass the op on)
+    op.redispatchBoxed(ks & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, kEntryKey), stack);
+    return;
+  }
+  const auto& schema_args = op.schema().arguments();
+  size_t n = schema_args.size();
+  auto in = torch::jit::last(*stack, n);
+  size_t n_pos = 0;
+  for (const auto& a : schema_args) n_pos += !a.kwarg_only();
+  PyObject* func = python_op(op);
+  Ref args(func ? PyTuple_New(static_cast<Py_ssize_t>(n_pos)) : nullptr), kwargs;
+  Py_ssize_t pos = 0;
+  for (size_t i = 0; args && i < n; ++i) {
+    PyObject* o = argument_to_python(schema_args[i], in[i]);
+    if (o == nullptr) { args = Ref(); break; }
+    if (!schema_args[i].kwarg_only() && pos < static_cast<Py_ssize_t>(n_pos)) {
+      PyTuple_SET_ITEM(args.get(), pos++, o);
+      continue;
+    }
+    Ref ov(o);
+    if (!kwargs) kwargs = Ref(PyDict_New());
+    if (!kwargs || PyDict_SetItemString(kwargs.get(), schema_args[i].name().c_str(), o) < 0) { args = Ref(); break; }
+  }
+  PyObject* r = nullptr;
+  if (args) {
+    Ref types(PyTuple_New(0));
+    KeyCall kc{&op, ks, stack, n};
+    if (types) r = fast_call(f, func, types.get(), args.get(), kwargs.get(), &kc);  // (C++ errors pass through)
+  }
+  if (r == nullptr) {
+    python_error err;
+    err.persist();
+    throw err;
+  }
+  Py_DECREF(r);
+}
+
+bool register_key_entry() {
+  if (key_registered) return true;
+  try {
+    static torch::Library* lib = new torch::Library(torch::Library::IMPL, "_", kEntryKey, __FILE__, __LINE__);
+    lib->fallback(torch::CppFunction::makeFromBoxedFunction<&key_entry>());
+  } catch (const std::exception& e) {
+    PyErr_Format(PyExc_RuntimeError, "dtr: cannot take the %s dispatch key for the native entry: %s",
+                 c10::toString(kEntryKey), e.what());
+    return false;
+  }
+  key_registered = true;
+  return true;
+}
+
 // ------------------------------------------------------------ the Python type
 // No C++ exception may cross into Python (torch's accessors throw c10::Error): one barrier for both entries.
 PyObject* guarded_call(FastPath* f, PyObject* func, PyObject* types, PyObject* args, PyObject* kwargs) {
   try {
-    return fast_call(f, func, types, args, kwargs);
+    return fast_call(f, func, types, args, kwargs, nullptr);
   } catch (const std::exception& e) {
     if (!PyErr_Occurred()) PyErr_Format(PyExc_RuntimeError, "dtr native per-op path: %s", e.what());
     return nullptr;
@@ -1536,10 +1753,53 @@ PyObject* clear_cache(PyObject*, PyObject*) {
   Py_RETURN_NONE;
 }
 
+
+// key_enter(fastpath, reference): the block's ops come through the dispatch key (Note [The dispatch-key entry]).
+PyObject* key_enter(PyObject*, PyObject* const* args, Py_ssize_t n) {
+  if (n != 2 || !PyObject_TypeCheck(args[0], &FastPathType)) {
+    PyErr_SetString(PyExc_TypeError, "key_enter(fastpath, reference)");
+    return nullptr;
+  }
+  if (key_owner != nullptr) Py_RETURN_FALSE;  // another block owns it: that one uses the mode's entry
+  if (!register_key_entry()) return nullptr;
+  FastPath* f = reinterpret_cast<FastPath*>(args[0]);
+  f->key_reference = PyObject_IsTrue(args[1]) == 1;
+  Py_INCREF(args[0]);
+  key_owner = f;
+  c10::impl::tls_set_dispatch_key_included(kEntryKey, true);
+  Py_RETURN_TRUE;
+}
+
+PyObject* key_exit(PyObject*, PyObject*) {
+  c10::impl::tls_set_dispatch_key_included(kEntryKey, false);
+  FastPath* f = key_owner;
+  key_owner = nullptr;
+  Py_XDECREF(reinterpret_cast<PyObject*>(f));
+  Py_RETURN_NONE;
+}
+
+// key_exclude(flag) -> the previous flag: whether this thread's ops skip the key (dtr's own work outside an op).
+PyObject* key_exclude(PyObject*, PyObject* flag) {
+  bool prev = c10::impl::tls_is_dispatch_key_excluded(kEntryKey);
+  c10::impl::tls_set_dispatch_key_excluded(kEntryKey, PyObject_IsTrue(flag) == 1);
+  return PyBool_FromLong(prev);
+}
+
+// Whether this thread's ops go to the block's entry now (not while dtr's own work runs: see the Note).
+PyObject* key_active(PyObject*, PyObject*) {
+  return PyBool_FromLong(key_owner != nullptr && c10::impl::tls_is_dispatch_key_included(kEntryKey) &&
+                         !c10::impl::tls_is_dispatch_key_excluded(kEntryKey));
+}
+
 PyMethodDef module_methods[] = {
     {"configure", configure, METH_O, "configure(env): the reference's classes and helpers (dtr/runtime/native.py)."},
     {"buf_dead", buf_dead_py, METH_O, "buf_dead(buf): _Buf.dead() as this module reads it."},
     {"clear_cache", clear_cache, METH_NOARGS, "Forget every cached signature and op."},
+    {"key_enter", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(key_enter)), METH_FASTCALL,
+     "key_enter(fastpath, reference): take the dispatch key for this block; False if another block has it."},
+    {"key_exit", key_exit, METH_NOARGS, "key_exit(): give the dispatch key back."},
+    {"key_exclude", key_exclude, METH_O, "key_exclude(flag) -> previous: skip the key in this thread."},
+    {"key_active", key_active, METH_NOARGS, "key_active(): whether this thread's ops go to the key's entry now."},
     {nullptr, nullptr, 0, nullptr}};
 
 PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "dtr._native",

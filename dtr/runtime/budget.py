@@ -16,7 +16,8 @@ from dtr.heuristics import Heuristic, get_heuristic, heuristic_names
 from dtr.runtime.costs import get_cost_model
 from dtr.runtime.escapes import patch_escapes
 from dtr.runtime.mode import DTRMode
-from dtr.runtime.native import use_native
+from dtr.runtime.native import key_active as _key_active
+from dtr.runtime.native import use_entry, use_native
 from dtr.runtime.recorder import LogRecorder
 from dtr.semantics import RUNTIME, check_thrash_limit
 from dtr.units import parse_bytes
@@ -108,6 +109,7 @@ class Budget:
     Attributes:
         budget_bytes: the limit (None: no limit).
         native: whether the block runs the native per-op path (dtr/runtime/native.py).
+        entry: how the block's ops reach dtr: ``"mode"`` or ``"key"``.
         stats: a mapping readable during and after the block: ``evictions``,
             ``remats``, ``remat_seconds``, ``peak_bytes`` (dtr's accounting),
             ``budget_bytes``, ``memory_bytes``, ``base_compute``,
@@ -122,7 +124,7 @@ class Budget:
                  log: Optional[Union[str, os.PathLike]] = None, cost_model: str = "time",
                  thrash_limit: Optional[float] = 10.0, sample: int = 0, seed: int = 0,
                  device: Optional[Union[str, torch.device]] = None, log_meta: Optional[dict] = None,
-                 eqclass_split: bool = True, native: Optional[bool] = None):
+                 eqclass_split: bool = True, native: Optional[bool] = None, entry: Optional[str] = None):
         self.budget_bytes = _limit_bytes(limit)
         if isinstance(heuristic, str):
             self.heuristic = get_heuristic(heuristic)
@@ -148,6 +150,9 @@ class Budget:
         if native is not None and not isinstance(native, bool):
             raise TypeError(f"native must be True, False or None, not {native!r}")
         self.native = use_native(native)  # which per-op path the block runs (dtr/runtime/native.py)
+        if entry is not None and not isinstance(entry, str):
+            raise TypeError(f"entry must be 'mode', 'key' or None, not {entry!r}")
+        self.entry = use_entry(entry)  # how the block's ops reach it
         self._core: Optional[Core] = None
         self._mode: Optional[DTRMode] = None
         self._final: Optional[dict] = None
@@ -181,7 +186,7 @@ class Budget:
     def __enter__(self) -> "Budget":
         if self._mode is not None:
             raise RuntimeError("a dtr.budget cannot be entered twice; create a new one")
-        if any(isinstance(m, DTRMode) for m in _get_current_dispatch_mode_stack()):
+        if any(isinstance(m, DTRMode) for m in _get_current_dispatch_mode_stack()) or _key_active():
             # Two cores would each evict and recompute storages the other one counts as resident.
             raise RuntimeError("dtr.budget blocks do not nest: this block is inside another dtr.budget block; "
                                "use one block (the outer one's budget applies to everything inside it)")
@@ -192,12 +197,13 @@ class Budget:
             recorder = LogRecorder(self.log_path, {
                 **self.log_meta, "cost_unit": self.cost_model.unit, "budget_bytes": self.budget_bytes,
                 "heuristic": self.heuristic.name, "recorded_by": "dtr.budget", **self.semantics.to_meta()})
-        self._mode = DTRMode(self._core, self.cost_model, recorder, self.thrash_limit, self._device, self.native)
+        self._mode = DTRMode(self._core, self.cost_model, recorder, self.thrash_limit, self._device, self.native,
+                             self.entry)
         self._restore_escapes = patch_escapes(self._mode.escape)
         # See Note [Compiled code in a block]; set_stance sets it now, and its __exit__ restores the old one.
         self._stance = torch.compiler.set_stance("force_eager")
         try:
-            self._mode.__enter__()
+            self._mode.enter_dispatch()
         except BaseException:
             self._stance.__exit__(None, None, None)
             self._restore_escapes()
@@ -215,7 +221,7 @@ class Budget:
             _clear_own_frames(exc)  # see Note [Nothing of a failed block stays alive]
         try:
             self._restore_escapes()
-            mode.__exit__(exc_type, exc, tb)
+            mode.exit_dispatch(exc_type, exc, tb)
             with _disable_current_modes():  # every tensor the program still holds is resident again
                 if exc_type is None:
                     mode.finish()
@@ -285,7 +291,7 @@ def budget(limit: Union[None, int, str], *, heuristic: Union[str, Heuristic] = "
            log: Optional[Union[str, os.PathLike]] = None, cost_model: str = "time",
            thrash_limit: Optional[float] = 10.0, sample: int = 0, seed: int = 0,
            device: Optional[Union[str, torch.device]] = None, log_meta: Optional[dict] = None,
-           eqclass_split: bool = True, native: Optional[bool] = None) -> Budget:
+           eqclass_split: bool = True, native: Optional[bool] = None, entry: Optional[str] = None) -> Budget:
     """Run the code in a ``with`` block within ``limit`` bytes of tensor memory.
 
     Every tensor storage the block touches on the device counts (parameters,
@@ -333,6 +339,13 @@ def budget(limit: Union[None, int, str], *, heuristic: Union[str, Heuristic] = "
             two make the same decisions. None: ``$DTR_NATIVE`` (``0``: the
             reference), else native wherever it is built for this torch (where
             it is not, a warning says why, once, and the reference runs).
+        entry: how the block's ops reach dtr. ``"mode"``: a
+            TorchDispatchMode (every op into Python and back). ``"key"``: a C++
+            fallback on a dispatch key below autograd, which costs far less host
+            time per op (dtr._native; where it is not built, ``"mode"``). The op
+            stream differs slightly (autograd accumulates gradients in place
+            when no Python objects hold them), the results do not. Python modes
+            of the program see ops before dtr. None: ``$DTR_ENTRY``, else ``"mode"``.
 
     Returns:
         A :class:`Budget`; ``with dtr.budget(...) as b: ...`` then ``b.stats``.
@@ -350,4 +363,4 @@ def budget(limit: Union[None, int, str], *, heuristic: Union[str, Heuristic] = "
     """
     return Budget(limit, heuristic=heuristic, log=log, cost_model=cost_model, thrash_limit=thrash_limit,
                   sample=sample, seed=seed, device=device, log_meta=log_meta, eqclass_split=eqclass_split,
-                  native=native)
+                  native=native, entry=entry)

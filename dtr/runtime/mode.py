@@ -376,7 +376,8 @@ class DTRMode(TorchDispatchMode):
                  "_next_handle", "_ops_at_gc", "_live_after_gc", "thrash_limit")
 
     def __init__(self, core: Core, cost_model: CostModel, recorder: Optional[LogRecorder],
-                 thrash_limit: float, device: Optional[torch.device] = None, native: bool = False):
+                 thrash_limit: float, device: Optional[torch.device] = None, native: bool = False,
+                 entry: str = "mode"):
         super().__init__()
         self.core = core
         self.cost_model = cost_model
@@ -410,11 +411,15 @@ class DTRMode(TorchDispatchMode):
         self.provisional = ProvisionalCosts()
         core.set_hooks(on_evict=self._on_evict, on_compute=self._on_compute, on_pin=self._on_pin)
         self._compactions = 0
-        if native:  # see Note [The native per-op path] in csrc/native/fastpath.cpp
+        self.entry = entry  # how ops should reach the mode: "mode" or "key" (see enter_dispatch)
+        self.entered: Optional[str] = None  # how they did: "mode" or "key", once entered
+        self._fast: Any = None
+        if native or entry == "key":  # see Note [The native per-op path] in csrc/native/fastpath.cpp
             from dtr.runtime.native import fast_path
-            fp = fast_path(self, DTRMode.__torch_dispatch__)  # (it also takes over the core's hooks)
+            fp = self._fast = fast_path(self, DTRMode.__torch_dispatch__)  # (it also takes over the core's hooks)
             # The same steps in C++ (tests/test_native.py compares the two paths' logs line by line).
-            self.__torch_dispatch__ = fp  # type: ignore[method-assign]
+            if native:
+                self.__torch_dispatch__ = fp  # type: ignore[method-assign]
             self._constant = fp.constant  # type: ignore[method-assign]
             self._carried = fp.carried  # type: ignore[method-assign]
         if device is not None:
@@ -422,8 +427,50 @@ class DTRMode(TorchDispatchMode):
 
     def detach_native(self) -> None:
         """Drop the native per-op path, if any (it holds the mode: a cycle the block's end breaks)."""
-        for name in ("__torch_dispatch__", "_constant", "_carried"):
+        for name in ("__torch_dispatch__", "_constant", "_carried", "_fast"):
             self.__dict__.pop(name, None)
+
+    def enter_dispatch(self) -> None:
+        """Start receiving the thread's ops: as a TorchDispatchMode, or through the dispatch key.
+
+        With ``entry="key"`` the ops come through dtr._native's dispatch key
+        (Note [The dispatch-key entry] in csrc/native/fastpath.cpp): the
+        native steps where they apply, else this class's __torch_dispatch__
+        (all of them there without ``native``). Another block holding the
+        key (in another thread) makes this one a mode.
+        """
+        if self.entry == "key":
+            from dtr.runtime.native import native_module
+            m = native_module()
+            if m is not None and m.key_enter(self._fast, self.__dict__.get("__torch_dispatch__") is None):
+                self.entered = "key"
+                return
+        self.__enter__()
+        self.entered = "mode"
+
+    def exit_dispatch(self, exc_type: Any = None, exc: Any = None, tb: Any = None) -> None:
+        """Stop receiving the thread's ops (the end of enter_dispatch)."""
+        if self.entered == "key":
+            from dtr.runtime.native import native_module
+            m = native_module()
+            assert m is not None, "entered through the key without dtr._native"
+            m.key_exit()
+            return
+        self.__exit__(exc_type, exc, tb)
+
+    def receives_ops(self) -> bool:
+        """Whether the thread's next op comes to this mode (not while dtr's own work runs, nor after the block)."""
+        if self.entered == "key":
+            from dtr.runtime.native import key_active
+            return key_active()
+        return self in _get_current_dispatch_mode_stack()
+
+    def off(self) -> Any:
+        """A context in which the thread's ops do not come to this mode (nor any other mode)."""
+        if self.entered == "key":
+            from dtr.runtime.native import key_off
+            return key_off()
+        return _disable_current_modes()
 
     # ----------------------------------------------------------------- tracking
     def _trackable(self, x: Any) -> bool:
@@ -1236,13 +1283,13 @@ class DTRMode(TorchDispatchMode):
         Called by the wrappers of escapes.py (Note [Escaped memory]); only the
         program's own calls count, not dtr's (made with this mode off the stack).
         """
-        if not self._trackable(x) or self not in _get_current_dispatch_mode_stack():
+        if not self._trackable(x) or not self.receives_ops():
             return
         cdata = _storage(x)._cdata
         t = self.version.get(cdata)
         if t is None or self.phys[self.core.storage_of(t)].dead():
             return  # not dtr's: nothing to bring back
-        with _disable_current_modes():
+        with self.off():
             if not self.core.defined(t):
                 self.poll()
             if pin:

@@ -10,6 +10,11 @@ warns once, saying why and how to rebuild, then runs the reference.
 Which path a block runs: ``dtr.budget(..., native=True/False)``, or, when
 that is None (the default), the environment variable ``DTR_NATIVE`` (``0``
 selects the reference); otherwise the native path wherever it is available.
+
+How a block's ops reach it: ``dtr.budget(..., entry="mode"/"key")``, or, when
+that is None, ``$DTR_ENTRY``; ``"mode"`` (the default) is a TorchDispatchMode,
+``"key"`` a C++ fallback on a dispatch key (Note [The dispatch-key entry] in
+csrc/native/fastpath.cpp), which needs dtr._native.
 """
 from __future__ import annotations
 
@@ -20,9 +25,12 @@ from typing import Any, Optional
 
 import torch
 
-__all__ = ["ENV_VAR", "available", "fast_path", "native_module", "use_native"]
+__all__ = ["ENTRIES", "ENTRY_ENV_VAR", "ENV_VAR", "available", "fast_path", "key_active", "key_off", "native_module",
+           "use_entry", "use_native"]
 
 ENV_VAR = "DTR_NATIVE"
+ENTRY_ENV_VAR = "DTR_ENTRY"
+ENTRIES = ("mode", "key")
 _REBUILD = ("to build it against this torch, reinstall dtr with torch installed: `pip install --no-build-isolation .` "
             "(`-e .` for a checkout)")
 
@@ -95,6 +103,47 @@ def use_native(native: Optional[bool]) -> bool:
                           f"(slower per op, same results): {_state['why']}", RuntimeWarning, stacklevel=3)
         return False
     return True
+
+
+def use_entry(entry: Optional[str]) -> str:
+    """How a block's ops reach dtr: ``entry`` if given, else ``$DTR_ENTRY``, else ``"mode"``.
+
+    ``"key"`` where dtr._native is not available runs ``"mode"``, with the
+    warning of :func:`use_native`.
+
+    Raises:
+        ValueError: the entry is not one of ENTRIES.
+    """
+    source = "entry"
+    if entry is None:
+        entry, source = os.environ.get(ENTRY_ENV_VAR, "").strip().lower() or "mode", f"${ENTRY_ENV_VAR}"
+    if entry not in ENTRIES:
+        raise ValueError(f"{source}={entry!r}: use 'mode' (a TorchDispatchMode, the default) or 'key' (a C++ "
+                         f"dispatch key: less host work per op; needs dtr._native)")
+    if entry == "key" and not use_native(True):
+        return "mode"
+    return entry
+
+
+def key_active() -> bool:
+    """Whether this thread's ops go to a block through the dispatch key now."""
+    m = _state.get("module")  # (a block that took the key has loaded it)
+    return m is not None and bool(m.key_active())
+
+
+class key_off:
+    """While it is active, ops in this thread do not come through the dispatch key (dtr's own work outside an op)."""
+
+    __slots__ = ("_prev",)
+
+    def __enter__(self) -> None:
+        m = native_module()
+        self._prev = m.key_exclude(True) if m is not None else None
+
+    def __exit__(self, *exc: Any) -> None:
+        m = native_module()
+        if self._prev is not None and m is not None:
+            m.key_exclude(self._prev)
 
 
 def fast_path(mode: Any, fallback: Any) -> Any:
