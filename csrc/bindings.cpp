@@ -135,7 +135,7 @@ auto guarded(F&& f, decltype(f()) on_error) -> decltype(f()) {
 
 // begin_call's argument vectors, kept between calls (Note [Scratch by nesting depth] in depth_pool.h).
 struct CallArgs {
-  std::vector<int> inputs, none;
+  std::vector<int> inputs, none, inplace_of;
   std::vector<int64_t> sizes;
 };
 
@@ -190,6 +190,18 @@ const DtrCoreApi core_api = {
         return 0;
       }, -1);
     },
+    [](void* c, const int* inputs, int n_in, const int64_t* sizes, const int* inplace_of, int n_out, double cost) {
+      return guarded([&] {
+        DepthLease<CallArgs> lease;
+        CallArgs& a = *lease;
+        a.inputs.assign(inputs, inputs + n_in);
+        a.sizes.assign(sizes, sizes + n_out);
+        a.none.assign(size_t(n_out), -1);
+        a.inplace_of.assign(inplace_of, inplace_of + n_out);
+        return as_core(c).begin_call(a.inputs, a.sizes, a.none, a.inplace_of, cost);
+      }, -1);
+    },
+    [](void* c, int s) { return guarded([&] { return int64_t(as_core(c).storage_size(s)); }, int64_t(-1)); },
 };
 
 }  // namespace

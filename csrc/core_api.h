@@ -16,7 +16,7 @@
 #pragma once
 #include <stdint.h>
 
-#define DTR_CORE_API_VERSION 4
+#define DTR_CORE_API_VERSION 5
 #define DTR_CORE_API_CAPSULE "dtr._C._core_api"
 #define DTR_CORE_CAPSULE "dtr._C.Core"
 
@@ -54,5 +54,11 @@ struct DtrCoreApi {
   // set, which the core's caller then raises. ctx is a Python object (PyObject*) the hook keeps a reference
   // to; fn == NULL clears the hook. Setting the hook from Python (Core.on_evict) replaces it, as usual.
   int (*set_evict_hook)(void* core, int (*fn)(void* ctx, int s, int by_heuristic), void* ctx);
+  // begin_call with inplace_of[0..n_out) (Core::begin_call): output i >= 0 there is a new version of input
+  // inplace_of[i], of that storage's size sizes[i]; none is an alias. Returns the op.
+  int (*begin_call_inplace)(void* core, const int* inputs, int n_in, const int64_t* sizes, const int* inplace_of,
+                            int n_out, double cost);
+  // A storage's size in bytes (Core.storage_size); -1 with a Python exception set.
+  int64_t (*storage_size)(void* core, int s);
 };
 }

@@ -99,7 +99,7 @@ struct Env {
   PyObject* op_info = nullptr;        // mode._native_op_info(func) -> (fast, seeded, name, call)
   PyObject* effects = nullptr;        // the effects module (its _generation)
   PyObject* effects_dict = nullptr;   // its __dict__ (borrowed from the module, which is kept)
-  long recent_ops = 4, gc_min_ops = 256;
+  long recent_ops = 4, gc_min_ops = 256, max_versions = 8;
   size_t max_predictions = 1 << 16;
   bool ready = false;
 } env;
@@ -109,7 +109,7 @@ struct Env {
   X(poll) X(collect) X(_native_predict) X(call) X(release) X(_generation) X(sizes) X(owning) X(metas) \
   X(estimate) X(mutated) X(device) X(__exit__) X(cost_model) X(measured) X(untyped_storage) \
   X(_schedule_full_poll) X(_core) X(core) X(_on_evict) X(on_compute) X(_on_compute) X(on_pin) X(constant) \
-  X(_set_device)
+  X(_set_device) X(versions) X(pin)
 struct Names {
 #define DTR_DECL(n) PyObject* n = nullptr;
   DTR_NAMES(DTR_DECL)
@@ -207,6 +207,23 @@ PyObject* new_shared_buf(PyObject* storage) {
   Py_INCREF(Py_None); slot_at(b, env.buf_weak) = Py_None;
   Py_INCREF(storage); slot_at(b, env.buf_strong) = storage;
   Py_INCREF(Py_True); slot_at(b, env.buf_shared) = Py_True;
+  Py_INCREF(Py_False); slot_at(b, env.buf_dropped) = Py_False;
+  PyObject_GC_UnTrack(b);  // see Note [Untracked records]
+  return b;
+}
+
+// _Buf(torch.UntypedStorage(0, device=device), owned=True): what a version keeps once a write took its buffer.
+PyObject* new_empty_owned_buf(const c10::Device& device) {
+  c10::Storage empty(c10::make_intrusive<c10::StorageImpl>(c10::StorageImpl::use_byte_size_t(), 0,
+                                                           c10::DataPtr(nullptr, device),
+                                                           c10::GetAllocator(device.type()), /*resizable=*/true));
+  Ref storage(THPStorage_Wrap(std::move(empty)));
+  if (!storage) return nullptr;
+  PyObject* b = env.buf_type->tp_alloc(env.buf_type, 0);
+  if (b == nullptr) return nullptr;
+  Py_INCREF(Py_None); slot_at(b, env.buf_weak) = Py_None;
+  slot_at(b, env.buf_strong) = storage.release();
+  Py_INCREF(Py_False); slot_at(b, env.buf_shared) = Py_False;
   Py_INCREF(Py_False); slot_at(b, env.buf_dropped) = Py_False;
   PyObject_GC_UnTrack(b);  // see Note [Untracked records]
   return b;
@@ -369,6 +386,8 @@ struct Scratch {
   std::vector<int> in_ids, outs;
   std::vector<PyObject*> flat, handles, dead;
   std::vector<at::Tensor> touts;  // the op's flattened outputs (undefined where one is not a tensor)
+  std::vector<int64_t> all_sizes;  // an in-place op's begin_call
+  std::vector<int> inplace_of;
   void clear() {
     scan.key.clear(); scan.leaves.clear(); scan.tpos.clear(); scan.ok = true;
     ins.clear(); new_tensors.clear(); in_ids.clear(); outs.clear(); flat.clear(); handles.clear(); dead.clear();
@@ -393,6 +412,21 @@ struct Entry {
   // more allocation that counts towards the cyclic GC's next collection.
   std::vector<Ref> out_tuples[2];
   std::vector<std::vector<int64_t>> out_values[2];
+
+  // A new reference to `cached` (a tuple of ints) if it holds v, else to a new tuple of v.
+  static PyObject* out_layout_or(PyObject* cached, c10::IntArrayRef v) {
+    if (cached != nullptr && PyTuple_Check(cached) && PyTuple_GET_SIZE(cached) == static_cast<Py_ssize_t>(v.size())) {
+      bool same = true;
+      for (size_t i = 0; same && i < v.size(); ++i)
+        same = PyLong_AsLongLong(PyTuple_GET_ITEM(cached, static_cast<Py_ssize_t>(i))) == v[i];
+      if (PyErr_Occurred()) return nullptr;
+      if (same) {
+        Py_INCREF(cached);
+        return cached;
+      }
+    }
+    return int_tuple(v);
+  }
 
   // A new reference to a tuple of v for output k's shape (which 0) or stride (which 1).
   PyObject* out_layout(size_t k, int which, c10::IntArrayRef v) {
@@ -419,6 +453,7 @@ auto& predictions = *new std::unordered_map<std::vector<int64_t>, Entry, KeyHash
 
 struct OpInfo {
   bool fast = false, seeded = false;
+  bool inplace = false;  // may run as an in-place op on its first argument (mode._native_op_info)
   Ref name;
   Ref call;  // what runs the op (mode._native_op_info: the overload's C++ operator)
 };
@@ -535,6 +570,28 @@ long track(FastPath* f, PyObject* x) {
   if (!st) return -1;
   Ref r(constant(f, st.get()));
   return r ? PyLong_AsLong(r.get()) : -1;
+}
+
+// For an in-place op on x: the version x's storage is now, if the op can be this path's plain write
+// (mode.py's _commit: a tracked storage, alive, not pinned); 0 if the reference must take it (a constant
+// to protect, or first sight); -1 on error. Reads state only: track(x) then returns the same version.
+int written_version(FastPath* f, PyObject* x, long* out) {
+  const at::Tensor& t = THPVariable_Unpack(x);
+  Ref cdata(PyLong_FromVoidPtr(t.storage().unsafeGetStorageImpl()));
+  if (!cdata) return -1;
+  PyObject* v = PyDict_GetItemWithError(mget(f, S::version), cdata.get());
+  if (v == nullptr) return PyErr_Occurred() ? -1 : 0;
+  long tv = PyLong_AsLong(v);
+  int st = storage_of(f, tv);
+  if (st < 0) return -1;
+  PyObject* b = phys_of(f, mget(f, S::phys), st);
+  if (b == nullptr) return -1;
+  int dead = buf_dead(b);
+  if (dead != 0) return dead < 0 ? -1 : 0;
+  int pinned = api->pinned(f->c, st);
+  if (pinned != 0) return pinned < 0 ? -1 : 0;
+  *out = tv;
+  return 1;
 }
 
 // DTRMode._release for an activation the program dropped.
@@ -735,9 +792,10 @@ const OpInfo* op_info(PyObject* func) {
   Ref r = call1(env.op_info, func);
   if (!r) return nullptr;
   OpInfo info;
-  PyObject *fast, *seeded, *name, *call;
-  if (!PyArg_ParseTuple(r.get(), "OOOO", &fast, &seeded, &name, &call)) return nullptr;
+  PyObject *fast, *seeded, *name, *call, *inplace;
+  if (!PyArg_ParseTuple(r.get(), "OOOOO", &fast, &seeded, &name, &call, &inplace)) return nullptr;
   info.fast = PyObject_IsTrue(fast) == 1;
+  info.inplace = PyObject_IsTrue(inplace) == 1;
   info.seeded = PyObject_IsTrue(seeded) == 1;
   info.name = borrowed(name);
   info.call = borrowed(call);
@@ -834,13 +892,13 @@ double allowance(FastPath* f, double limit) { return api->remat_allowance(limit,
 // Everything after the op ran (DTRMode._commit for an op that writes nothing).
 // (ops_seen and lim: the mode's ops_seen and thrash_limit, which nothing changes while an op runs.)
 PyObject* commit(FastPath* f, PyObject* func, const OpInfo* info, Entry* e, Scratch& scratch, long op, PyObject* out,
-                 double cost, PyObject* rng, long ops_seen, double lim) {
+                 double cost, PyObject* rng, long ops_seen, double lim, long written) {
   Scan& s = scratch.scan;
   const std::vector<long>& ins = scratch.ins;
   Ref out_ref = borrowed(out);
   const std::vector<at::Tensor>& touts = scratch.touts;
   std::vector<int>& outs = scratch.outs;
-  outs.assign(e->sizes.size() + 1, -1);
+  outs.assign(e->sizes.size() + 1 + (written >= 0), -1);
   int n_outs = api->op_outputs(f->c, static_cast<int>(op), outs.data(), static_cast<int>(outs.size()));
   if (n_outs < 0) return nullptr;
   std::vector<long>& new_tensors = scratch.new_tensors;
@@ -898,6 +956,34 @@ PyObject* commit(FastPath* f, PyObject* func, const OpInfo* info, Entry* e, Scra
     untrack(pair);
     PyTuple_SET_ITEM(out_slots.get(), k, pair);
   }
+  long new_version = -1;  // an in-place op's: the written storage's new version (mode.py _commit's writes)
+  Ref written_handle;
+  if (written >= 0) {
+    new_version = outs[e->sizes.size()];
+    const at::Tensor& wt = THPVariable_Unpack(s.leaves[0].obj);
+    c10::StorageImpl* impl = wt.storage().unsafeGetStorageImpl();
+    int old_st = storage_of(f, written), new_st = storage_of(f, new_version);
+    if (old_st < 0 || new_st < 0) return nullptr;
+    // The old version loses its buffer to the new one (mode.py's Note [Versions]).
+    Ref empty(new_empty_owned_buf(wt.device())), buf(new_weak_buf(impl));
+    Ref old_sk(cached_int(old_st)), new_sk(cached_int(new_st)), cdata(PyLong_FromVoidPtr(impl));
+    Ref old_k(cached_int(written)), new_k(cached_int(new_version));
+    if (!empty || !buf || !old_sk || !new_sk || !cdata || !old_k || !new_k) return nullptr;
+    if (PyDict_SetItem(phys, old_sk.get(), empty.get()) < 0 || PyDict_SetItem(phys, new_sk.get(), buf.get()) < 0 ||
+        PyDict_SetItem(version, cdata.get(), new_k.get()) < 0)
+      return nullptr;
+    if (PyDict_Pop(cdata_of, old_k.get(), nullptr) < 0 || PyDict_SetItem(cdata_of, new_k.get(), cdata.get()) < 0)
+      return nullptr;
+    PyObject* h = PyDict_GetItemWithError(handle, old_k.get());
+    if (h == nullptr) {
+      if (!PyErr_Occurred()) PyErr_Format(PyExc_KeyError, "%ld", written);
+      return nullptr;
+    }
+    written_handle = borrowed(h);
+    if (PyDict_SetItem(handle, new_k.get(), h) < 0) return nullptr;
+    int in_alive = PyDict_Contains(alive, h);
+    if (in_alive < 0 || (in_alive && PyDict_SetItem(alive, h, new_k.get()) < 0)) return nullptr;
+  }
   auto handles_of = [&](const std::vector<long>& ts, bool skip_missing) -> Ref {
     Ref l(PyList_New(0));
     if (!l) return Ref();
@@ -926,6 +1012,7 @@ PyObject* commit(FastPath* f, PyObject* func, const OpInfo* info, Entry* e, Scra
     }
     Ref in_h = handles_of(ins, false), out_h = handles_of(new_tensors, false);  // (rare: a log is recorded)
     Ref mutated(PyList_New(0));
+    if (mutated && written_handle && PyList_Append(mutated.get(), written_handle.get()) < 0) return nullptr;
     Ref kw(PyDict_New());
     if (!in_h || !out_h || !mutated || !kw || PyDict_SetItem(kw.get(), names.mutated, mutated.get()) < 0)
       return nullptr;
@@ -958,7 +1045,7 @@ PyObject* commit(FastPath* f, PyObject* func, const OpInfo* info, Entry* e, Scra
       return nullptr;
     }
   }
-  if (!e->owning.empty()) {  // the recipe (ops that produce nothing are never recomputed)
+  if (!e->owning.empty() || written >= 0) {  // the recipe (ops that produce nothing are never recomputed)
     Ref rleaves(PyTuple_New(static_cast<Py_ssize_t>(s.leaves.size())));
     if (!rleaves) return nullptr;
     size_t k = 0;
@@ -966,8 +1053,16 @@ PyObject* commit(FastPath* f, PyObject* func, const OpInfo* info, Entry* e, Scra
       PyObject* x = s.leaves[i].obj;
       if (s.leaves[i].tensor) {
         const at::Tensor& t = THPVariable_Unpack(x);
-        PyObject* slot = new_slot(ins[k], t.storage_offset(), e->lay_size[k].get(), e->lay_stride[k].get(),
-                                  e->lay_dtype[k].get());
+        PyObject* slot;
+        if (written < 0) {
+          slot = new_slot(ins[k], t.storage_offset(), e->lay_size[k].get(), e->lay_stride[k].get(),
+                          e->lay_dtype[k].get());
+        } else {  // (layouts as they are now, as the reference reads them after an op that writes)
+          Ref size(e->out_layout_or(e->lay_size[k].get(), t.sizes())), stride(e->out_layout_or(e->lay_stride[k].get(),
+                                                                                                t.strides()));
+          PyObject* dtype = reinterpret_cast<PyObject*>(torch::getTHPDtype(t.scalar_type()));
+          slot = size && stride ? new_slot(ins[k], t.storage_offset(), size.get(), stride.get(), dtype) : nullptr;
+        }
         if (slot == nullptr) return nullptr;
         PyTuple_SET_ITEM(rleaves.get(), i, slot);
         ++k;
@@ -986,6 +1081,13 @@ PyObject* commit(FastPath* f, PyObject* func, const OpInfo* info, Entry* e, Scra
     PyTuple_SET_ITEM(recipe, 1, rleaves.release());
     Py_INCREF(e->spec.get()); PyTuple_SET_ITEM(recipe, 2, e->spec.get());
     PyTuple_SET_ITEM(recipe, 3, out_slots.release());
+    if (written >= 0) {  // ((leaf position, old version, new version),)
+      Ref w(Py_BuildValue("((iii))", 0, static_cast<int>(written), static_cast<int>(new_version)));
+      if (!w) return nullptr;
+      untrack(w.get());
+      untrack(PyTuple_GET_ITEM(w.get(), 0));
+      empty = std::move(w);
+    }
     PyTuple_SET_ITEM(recipe, 4, empty.release());
     Py_INCREF(rng); PyTuple_SET_ITEM(recipe, 5, rng);
     untrack(recipe);  // (and its leaves and outputs: see Note [Untracked records])
@@ -993,6 +1095,26 @@ PyObject* commit(FastPath* f, PyObject* func, const OpInfo* info, Entry* e, Scra
     untrack(PyTuple_GET_ITEM(recipe, 3));
     Ref opk(cached_int(op));
     if (!opk || PyDict_SetItem(mget(f, S::recipes), opk.get(), recipe) < 0) return nullptr;
+  }
+  if (written >= 0) {  // version chains (mode.py's Note [Version chains]): pinned at _MAX_VERSIONS
+    Ref versions(PyObject_GetAttr(f->mode, names.versions));
+    Ref old_k(cached_int(written)), new_k(cached_int(new_version));
+    if (!versions || !old_k || !new_k) return nullptr;
+    Ref prev(PyObject_CallMethod(versions.get(), "pop", "OO", old_k.get(), Py_False));
+    if (!prev) return nullptr;
+    long n = PyLong_AsLong(prev.get()) + 1;
+    Ref nk(PyLong_FromLong(n));
+    if (!nk || PyDict_SetItem(versions.get(), new_k.get(), nk.get()) < 0) return nullptr;
+    if (n >= env.max_versions) {
+      if (recorder != nullptr && recorder != Py_None) {
+        PyObject* h = PyDict_GetItemWithError(handle, new_k.get());
+        if (h == nullptr) return nullptr;
+        Ref r(PyObject_CallMethodOneArg(recorder, names.pin, h));
+        if (!r) return nullptr;
+      }
+      Ref r(PyObject_CallMethodOneArg(f->core, names.pin, new_k.get()));
+      if (!r) return nullptr;
+    }
   }
   if (ops_seen - mget_long(f, S::_ops_at_gc) > std::max(env.gc_min_ops, mget_long(f, S::_live_after_gc))) {
     Ref r(PyObject_CallMethodNoArgs(f->mode, names.collect));
@@ -1082,7 +1204,8 @@ PyObject* fast_call(FastPath* f, PyObject* func, PyObject* types, PyObject* args
   }
   const OpInfo* info = op_info(func);
   if (info == nullptr) return nullptr;
-  if (!info->fast || (kc != nullptr && f->key_reference)) return run_fallback(f, func, types, args, kwargs, kc);
+  if ((!info->fast && !info->inplace) || (kc != nullptr && f->key_reference))
+    return run_fallback(f, func, types, args, kwargs, kc);
   dtr::DepthLease<Scratch> lease;
   Scratch& scratch = *lease;
   scratch.clear();
@@ -1095,6 +1218,13 @@ PyObject* fast_call(FastPath* f, PyObject* func, PyObject* types, PyObject* args
   Entry* e = entry_for(f, func, args, kwargs, s);
   if (e == nullptr) return nullptr;
   if (!e->ok) return run_fallback(f, func, types, args, kwargs, kc);
+  long written = -1;  // the version an in-place op writes (its first argument's), or -1
+  if (info->inplace) {
+    if (!e->sizes.empty() || s.tpos[0] != 0 || !s.leaves[0].tensor) return run_fallback(f, func, types, args, kwargs, kc);
+    int w = written_version(f, s.leaves[0].obj, &written);
+    if (w < 0) return nullptr;
+    if (w == 0) return run_fallback(f, func, types, args, kwargs, kc);
+  }
   f->native_ops++;
 
   // From here on, the reference's __torch_dispatch__ step by step.
@@ -1147,7 +1277,7 @@ PyObject* fast_call(FastPath* f, PyObject* func, PyObject* types, PyObject* args
     if (!rng) return nullptr;
   }
   double cost = 0.0;  // a view computes nothing
-  if (!f->measured && !e->sizes.empty()) {
+  if (!f->measured && (!e->sizes.empty() || written >= 0)) {
     if (e->flops < 0 || e->flops_model.get() != f->cost_model) {
       Ref kw = kwargs ? borrowed(kwargs) : Ref(PyDict_New());
       Ref r(kw ? PyObject_CallMethodObjArgs(f->cost_model, names.estimate, func, args, kw.get(), e->metas.get(),
@@ -1167,8 +1297,27 @@ PyObject* fast_call(FastPath* f, PyObject* func, PyObject* types, PyObject* args
   }
   std::vector<int>& in_ids = scratch.in_ids;
   in_ids.assign(ins.begin(), ins.end());
-  int op = api->begin_call(f->c, in_ids.data(), static_cast<int>(in_ids.size()), e->sizes.data(),
-                           static_cast<int>(e->sizes.size()), cost);
+  int op;
+  if (written < 0) {
+    op = api->begin_call(f->c, in_ids.data(), static_cast<int>(in_ids.size()), e->sizes.data(),
+                         static_cast<int>(e->sizes.size()), cost);
+  } else {  // the new version of the written input last, sized as its storage (mode.py: inplace_of)
+    if (ins[0] != written) {
+      PyErr_SetString(PyExc_RuntimeError, "dtr internal error: a written version changed as it was tracked");
+      return nullptr;
+    }
+    int st = storage_of(f, written);
+    int64_t size = st < 0 ? -1 : api->storage_size(f->c, st);
+    if (size < 0) return nullptr;
+    std::vector<int64_t>& all_sizes = scratch.all_sizes;
+    std::vector<int>& inplace_of = scratch.inplace_of;
+    all_sizes.assign(e->sizes.begin(), e->sizes.end());
+    all_sizes.push_back(size);
+    inplace_of.assign(e->sizes.size(), -1);
+    inplace_of.push_back(0);  // (ins.index(written): the first argument is the first tensor)
+    op = api->begin_call_inplace(f->c, in_ids.data(), static_cast<int>(in_ids.size()), all_sizes.data(),
+                                 inplace_of.data(), static_cast<int>(all_sizes.size()), cost);
+  }
   if (op < 0) { translate_error(); return nullptr; }
   // The op itself, timed on the host clock (timing.WallTimer: perf_counter_ns) when costs are measured.
   auto t0 = std::chrono::steady_clock::now();
@@ -1215,7 +1364,7 @@ PyObject* fast_call(FastPath* f, PyObject* func, PyObject* types, PyObject* args
   }
   auto t1 = std::chrono::steady_clock::now();
   if (f->measured) cost = static_cast<double>(std::chrono::duration_cast<std::chrono::nanoseconds>(t1 - t0).count());
-  PyObject* result = commit(f, func, info, e, scratch, op, out, cost, rng.get(), ops_seen, lim);
+  PyObject* result = commit(f, func, info, e, scratch, op, out, cost, rng.get(), ops_seen, lim, written);
   Py_DECREF(out);
   return result;
 }
@@ -1717,7 +1866,9 @@ PyObject* configure(PyObject*, PyObject* kwargs_dict) {
     return nullptr;
   }
   PyObject *recent = item("RECENT_OPS"), *gc_min = item("GC_MIN_OPS"), *maxp = item("MAX_PREDICTIONS");
-  if (!recent || !gc_min || !maxp) return nullptr;
+  PyObject* maxv = item("MAX_VERSIONS");
+  if (!recent || !gc_min || !maxp || !maxv) return nullptr;
+  env.max_versions = PyLong_AsLong(maxv);
   env.recent_ops = PyLong_AsLong(recent);
   env.gc_min_ops = PyLong_AsLong(gc_min);
   env.max_predictions = PyLong_AsSize_t(maxp);

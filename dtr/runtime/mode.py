@@ -19,7 +19,7 @@ from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_mod
 from dtr.core import Core
 from dtr.errors import OutOfBudgetError, ThrashingError
 from dtr.runtime.costs import CostModel
-from dtr.runtime.effects import may_write, overwrites_self, schema_writes, written_args
+from dtr.runtime.effects import _HIDDEN_WRITES, may_write, overwrites_self, schema_writes, written_args
 from dtr.runtime.recorder import LogRecorder
 from dtr.runtime.timing import ProvisionalCosts, Timer, WallTimer, make_timer
 from dtr.semantics import remat_allowance
@@ -559,9 +559,14 @@ class DTRMode(TorchDispatchMode):
         # except those worth keeping for now (Note [Keeping a dead constant]).
         pinned = core.pinned
         constants = [h for h in dead if pinned(storage_of(alive[h]))]
-        if handles is not None and not all(self._worth_keeping(storage_of(alive[h])) for h in constants):
-            self.poll()  # protecting may recompute: first learn of every drop
-            return
+        if handles is not None:  # (a partial poll: see Note [Protecting in a partial poll])
+            for h in constants:
+                c = storage_of(alive[h])
+                if not self._worth_keeping(c):
+                    self._release_dropped_targets(c)
+                    if not all(map(core.resident, core.protect_targets(c))):
+                        self.poll()  # protecting would recompute: first learn of every drop
+                        return
         for h in dead:
             if h not in constants:
                 self._release(h)
@@ -572,6 +577,19 @@ class DTRMode(TorchDispatchMode):
             core.protect(core.storage_of(self.alive[h]))
         for h in constants:
             self._release(h)
+
+    # Note [Protecting in a partial poll]
+    # A poll of the last ops' tensors that finds a dropped constant it will not
+    # keep protects it, which pins what was computed from it. If that recomputes
+    # something, the recomputation must not read a storage the program dropped
+    # since the last full poll, so the poll becomes a full one first (O(live
+    # tensors)). If everything protect() would pin is resident, nothing is
+    # recomputed: the dropped ones among them are released (as before a write to
+    # a constant) and the partial poll goes on. Gradients summed in place (the
+    # dispatch-key entry: autograd accumulates in place when no Python object
+    # holds a gradient) make version chains that are pinned at _MAX_VERSIONS and
+    # then dropped at each later sum: a full poll for each cost the TreeLSTM
+    # about 5% of a step.
 
     def _schedule_full_poll(self) -> None:
         """Set when the next scheduled full poll is due; called by every full poll.
@@ -1480,24 +1498,37 @@ def _view_positions(func: Any, out: Any) -> Tuple[int, ...]:
 
 
 _REBINDS = frozenset(getattr(torch.ops.aten.set_, o) for o in torch.ops.aten.set_.overloads())
+_RESIZES = frozenset(("aten::resize_", "aten::resize_as_", "aten::resize_as_sparse_"))  # (a storage's size changes)
 
 
 def _size_warning(func: Any, got: int, predicted: int) -> None:
     log.warning("dtr: %s allocated %d bytes where %d were predicted", func, got, predicted)
 
 
-def _native_op_info(func: Any) -> Tuple[bool, bool, str, Any]:
-    """(whether the native path may run ``func``, whether it is random, its name in logs, what to call).
+def _native_op_info(func: Any) -> Tuple[bool, bool, str, Any, bool]:
+    """(whether the native path may run ``func``, whether it is random, its name in logs, what to call,
+    whether it may run it as an in-place op on its first argument).
 
-    The native path runs only ops that write nothing (no declared or hidden
-    write: see effects.may_write) and are not aten::set_. What it calls to run
-    the op is the overload's bound C++ operator (``func._op``, what
-    ``OpOverload.__call__`` calls) when ``func`` is a plain ``OpOverload``:
-    one Python frame less per op; anything else is called as it is.
+    The native path runs ops that write nothing (no declared or hidden write:
+    see effects.may_write) and are not aten::set_; and in-place ops whose one
+    write, declared by the schema, is their first argument, a single tensor
+    that they return (``add_``, ``mul_``, ...), when that is neither random,
+    nor a fill (Note [Adopting recomputed bytes]), nor a change of metadata
+    (``t_``, ``as_strided_``: tagged inplace_view) or of the storage's size
+    (``resize_``), nor under a hidden-write rule. What it calls to run the op is the overload's bound C++ operator
+    (``func._op``, what ``OpOverload.__call__`` calls) when ``func`` is a plain
+    ``OpOverload``: one Python frame less per op; anything else is called as it is.
     """
     call = func._op if type(func) is torch._ops.OpOverload else func
-    return (func not in _REBINDS and not may_write(func), _SEEDED in func.tags,
-            func._schema.name.split("::")[-1], call)
+    seeded = _SEEDED in func.tags
+    schema = func._schema
+    writes = schema_writes(func)[0] if type(func) is torch._ops.OpOverload else None  # (metadata writes excluded:)
+    inplace = (writes == (0,) and func not in _REBINDS and not seeded and not overwrites_self(func)
+               and schema.name not in _HIDDEN_WRITES and schema.name not in _RESIZES
+               and torch.Tag.inplace_view not in func.tags and len(schema.returns) == 1
+               and schema.returns[0].alias_info is not None and schema.returns[0].alias_info.is_write
+               and isinstance(schema.arguments[0].type, torch.TensorType))
+    return (func not in _REBINDS and not may_write(func), seeded, schema.name.split("::")[-1], call, inplace)
 _DEVICE_ARGUMENT: Dict[Any, bool] = {}
 
 

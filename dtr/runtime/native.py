@@ -59,7 +59,7 @@ def _load() -> Optional[ModuleType]:
         "ThrashingError": ThrashingError, "TRANSLATED": core._TRANSLATED,
         "rng_capture": mode._rng_capture, "size_warning": mode._size_warning, "op_info": mode._native_op_info,
         "effects": effects, "RECENT_OPS": mode._RECENT_OPS, "GC_MIN_OPS": mode._GC_MIN_OPS,
-        "MAX_PREDICTIONS": mode._MAX_PREDICTIONS,
+        "MAX_PREDICTIONS": mode._MAX_PREDICTIONS, "MAX_VERSIONS": mode._MAX_VERSIONS,
     })
     return _native
 
