@@ -568,9 +568,9 @@ class DTRMode(TorchDispatchMode):
                         self.poll()  # protecting would recompute: first learn of every drop
                         return
         for h in dead:
-            if h not in constants:
+            if h not in constants and h in alive:  # (_release_dropped_targets may have released it)
                 self._release(h)
-        constants = [h for h in constants if not self._worth_keeping(storage_of(alive[h]))]
+        constants = [h for h in constants if h in alive and not self._worth_keeping(storage_of(alive[h]))]
         for h in constants:
             if self.recorder is not None:
                 self.recorder.protect(h)
