@@ -15,7 +15,9 @@ variant's step time over plain PyTorch's in the same round.
   torch.utils.cpp_extension);
 * ``cpp-read``: that fallback also reading each tensor argument's storage;
 * ``cpp-to-python``: that, and converting every argument to a Python object;
-* ``dtr``: ``dtr.budget(None)`` (dtr's default path).
+* ``dtr-mode`` and ``dtr-key``: ``dtr.budget(None)`` with its ops entering
+  through a TorchDispatchMode (the default) and through dtr's own dispatch
+  key (``entry="key"``, Note [The dispatch-key entry]).
 
 Every variant's gradients are checked equal to plain PyTorch's. It also
 reports which ops each mechanism sees in one step, where they differ: the
@@ -89,7 +91,8 @@ def main(argv=None) -> int:
             ext.enable(False, 0, False)
 
     variants = {"plain": contextlib.nullcontext, "python-nop": _Nop, "cpp-nop": lambda: cpp(0),
-                "cpp-read": lambda: cpp(1), "cpp-to-python": lambda: cpp(2), "dtr": lambda: dtr.budget(None)}
+                "cpp-read": lambda: cpp(1), "cpp-to-python": lambda: cpp(2),
+                "dtr-mode": lambda: dtr.budget(None, entry="mode"), "dtr-key": lambda: dtr.budget(None, entry="key")}
     ref = None
     for name, ctx in variants.items():
         with ctx():

@@ -245,8 +245,10 @@ def worker(spec: dict) -> dict:
             loss = loss_fn(model, *inputs, checkpoint=(variant == "ckpt"))
             loss.backward()
         else:
+            extra = {"entry": spec["entry"]} if spec.get("entry") else {}  # (older dtr versions have no entry)
             with dtr.budget(limit, cost_model=spec.get("cost_model", "time"),
-                            heuristic=spec.get("heuristic", "eqclass"), device="cuda" if cuda else None) as b:
+                            heuristic=spec.get("heuristic", "eqclass"), device="cuda" if cuda else None,
+                            **extra) as b:
                 loss = loss_fn(model, *inputs)
                 loss.backward()
             stats = b.stats
@@ -362,6 +364,8 @@ def main() -> None:
     ap.add_argument("--heuristic", default="eqclass", help="the heuristic of every dtr.budget variant")
     ap.add_argument("--cost-model", default="time", choices=("time", "flops"),
                     help="the cost model of every dtr.budget variant")
+    ap.add_argument("--entry", default=None, choices=("mode", "key"),
+                    help="how every dtr.budget variant's ops reach dtr (dtr.budget's entry; default: dtr's default)")
     ap.add_argument("--dtr-path", default=None,
                     help="import dtr from this directory in the workers (a frozen copy containing dtr/)")
     ap.add_argument("--dtr-version", default=None, help="a label for the dtr version, quoted in the report")
@@ -397,7 +401,7 @@ def main() -> None:
     def spec(model, variant, limit=None, allocator=a.allocator):
         return {"model": model, "variant": variant, "limit": limit, "cfg": SIZES[model][1 if a.smoke else 0],
                 "threads": a.threads, "steps": a.steps, "warmup": a.warmup, "heuristic": a.heuristic,
-                "cost_model": a.cost_model, "allocator": allocator, "device": a.device}
+                "cost_model": a.cost_model, "allocator": allocator, "device": a.device, "entry": a.entry}
 
     # 1. Calibration: the plain step's peak increase P and the constants C.
     calib = {}
@@ -503,7 +507,7 @@ def render(a, models, fracs, calib, results, elapsed, load_start) -> str:
          f"{a.rounds} round(s)"
          f"{f' ({a.slow_rounds} for the budgeted variants of slow models)' if a.slow_rounds is not None else ''}, "
          f"{a.warmup} warm-up + {a.steps} measured step(s) per fresh worker process; heuristic {a.heuristic}, "
-         f"cost model {a.cost_model}; "
+         f"cost model {a.cost_model}; " + (f"entry {a.entry}; " if a.entry else "") +
          f"dtr {a.dtr_version or _git_head()}{' (imported from a frozen copy)' if a.dtr_path else ''}; "
          f"a variant that failed in its first two rounds is not repeated; "
          f"load average {load_start[0]:.2f} at the start, {os.getloadavg()[0]:.2f} at the end; "
