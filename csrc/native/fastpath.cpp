@@ -385,13 +385,14 @@ struct Scratch {
   std::vector<long> ins, new_tensors;
   std::vector<int> in_ids, outs;
   std::vector<PyObject*> flat, handles, dead;
-  std::vector<at::Tensor> touts;  // the op's flattened outputs (undefined where one is not a tensor)
+  std::vector<at::Tensor> touts;  // through the key: the op's flattened outputs (undefined: not a tensor)
+  bool outs_on_stack = false;     // (else `flat` holds them, as Python objects)
   std::vector<int64_t> all_sizes;  // an in-place op's begin_call
   std::vector<int> inplace_of;
   void clear() {
     scan.key.clear(); scan.leaves.clear(); scan.tpos.clear(); scan.ok = true;
     ins.clear(); new_tensors.clear(); in_ids.clear(); outs.clear(); flat.clear(); handles.clear(); dead.clear();
-    touts.clear();
+    touts.clear(); outs_on_stack = false;
   }
 };
 
@@ -896,7 +897,13 @@ PyObject* commit(FastPath* f, PyObject* func, const OpInfo* info, Entry* e, Scra
   Scan& s = scratch.scan;
   const std::vector<long>& ins = scratch.ins;
   Ref out_ref = borrowed(out);
-  const std::vector<at::Tensor>& touts = scratch.touts;
+  auto output_at = [&scratch](int pos) -> const at::Tensor* {  // flattened output pos, if a tensor
+    if (scratch.outs_on_stack)
+      return pos < static_cast<int>(scratch.touts.size()) && scratch.touts[pos].defined() ? &scratch.touts[pos]
+                                                                                           : nullptr;
+    PyObject* o = pos < static_cast<int>(scratch.flat.size()) ? scratch.flat[pos] : nullptr;
+    return o != nullptr && THPVariable_Check(o) ? &THPVariable_Unpack(o) : nullptr;
+  };
   std::vector<int>& outs = scratch.outs;
   outs.assign(e->sizes.size() + 1 + (written >= 0), -1);
   int n_outs = api->op_outputs(f->c, static_cast<int>(op), outs.data(), static_cast<int>(outs.size()));
@@ -914,12 +921,13 @@ PyObject* commit(FastPath* f, PyObject* func, const OpInfo* info, Entry* e, Scra
   out_handles.reserve(e->owning.size());
   for (size_t k = 0; k < e->owning.size(); ++k) {
     int pos = e->owning[k];
-    if (pos >= static_cast<int>(touts.size()) || !touts[pos].defined()) {
+    const at::Tensor* otp = output_at(pos);
+    if (otp == nullptr) {
       PyErr_Format(PyExc_RuntimeError, "dtr internal error: output %d of %R is not a tensor; please report this",
                    pos, func);
       return nullptr;
     }
-    const at::Tensor& ot = touts[pos];
+    const at::Tensor& ot = *otp;
     if (!ot.has_storage()) {
       PyErr_Format(PyExc_RuntimeError, "dtr: output %d of %R has no storage; run with DTR_NATIVE=0 and please "
                    "report this", pos, func);
@@ -1347,6 +1355,7 @@ PyObject* fast_call(FastPath* f, PyObject* func, PyObject* types, PyObject* args
         touts.emplace_back();
       }
     }
+    scratch.outs_on_stack = true;
     Py_INCREF(Py_None);
     out = Py_None;
   } else {
@@ -1360,7 +1369,7 @@ PyObject* fast_call(FastPath* f, PyObject* func, PyObject* types, PyObject* args
     }
     std::vector<PyObject*>& flat = scratch.flat;
     flatten_out(out, flat);
-    for (PyObject* o : flat) touts.push_back(THPVariable_Check(o) ? THPVariable_Unpack(o) : at::Tensor());
+
   }
   auto t1 = std::chrono::steady_clock::now();
   if (f->measured) cost = static_cast<double>(std::chrono::duration_cast<std::chrono::nanoseconds>(t1 - t0).count());
