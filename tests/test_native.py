@@ -425,3 +425,27 @@ def test_the_entry_is_chosen_by_argument_or_environment(monkeypatch):
         dtr.budget(None)
     with pytest.raises(ValueError, match="entry='x'"):
         dtr.budget(None, entry="x")
+
+
+def test_a_key_dtr_cannot_take_makes_the_block_a_mode_with_one_warning(monkeypatch):
+    """Another extension that registered a fallback on the key: dtr warns once and runs the mode's entry."""
+    from torch.utils._python_dispatch import _get_current_dispatch_mode
+    m = native.native_module()
+
+    def taken(fast, reference):
+        raise RuntimeError("dtr: cannot take the Fake dispatch key for the native entry: already registered")
+
+    monkeypatch.setattr(m, "key_enter", taken)
+    monkeypatch.setitem(native._state, "key_failed", False)
+    model = mlp(width=16, depth=2, p=0.0)
+    x, y = torch.randn(4, 16), torch.randint(0, 10, (4,))
+    with pytest.warns(RuntimeWarning, match="entry='key' is unavailable.*already registered"):
+        with dtr.budget(None, entry="key") as b:
+            assert b._mode.entered == "mode" and _get_current_dispatch_mode() is b._mode
+            train_step(model, x, y)
+    assert b.stats["ops"] > 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # once per process
+        with dtr.budget(None, entry="key") as b:
+            train_step(model, x, y)
+    assert b._mode.entered == "mode"

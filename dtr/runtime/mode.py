@@ -437,12 +437,12 @@ class DTRMode(TorchDispatchMode):
         (Note [The dispatch-key entry] in csrc/native/fastpath.cpp): the
         native steps where they apply, else this class's __torch_dispatch__
         (all of them there without ``native``). Another block holding the
-        key (in another thread) makes this one a mode.
+        key (in another thread), or a key dtr cannot take (another extension
+        registered it: a warning says so, once), makes this one a mode.
         """
         if self.entry == "key":
-            from dtr.runtime.native import native_module
-            m = native_module()
-            if m is not None and m.key_enter(self._fast, self.__dict__.get("__torch_dispatch__") is None):
+            from dtr.runtime.native import key_enter
+            if key_enter(self._fast, self.__dict__.get("__torch_dispatch__") is None):
                 self.entered = "key"
                 return
         self.__enter__()

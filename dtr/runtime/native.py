@@ -25,7 +25,7 @@ from typing import Any, Optional
 
 import torch
 
-__all__ = ["ENTRIES", "ENTRY_ENV_VAR", "ENV_VAR", "available", "fast_path", "key_active", "key_off", "native_module",
+__all__ = ["ENTRIES", "ENTRY_ENV_VAR", "ENV_VAR", "available", "fast_path", "key_active", "key_enter", "key_off", "native_module",
            "use_entry", "use_native"]
 
 ENV_VAR = "DTR_NATIVE"
@@ -123,6 +123,24 @@ def use_entry(entry: Optional[str]) -> str:
     if entry == "key" and not use_native(True):
         return "mode"
     return entry
+
+
+def key_enter(fast: Any, reference: bool) -> bool:
+    """Take the dispatch key for a block's FastPath; False (the block is then a mode) if it cannot be taken.
+
+    It cannot while another block holds it, nor where another extension
+    registered a fallback for the key (one warning per process says so).
+    """
+    m = native_module()
+    if m is None or _state.get("key_failed"):
+        return False
+    try:
+        return bool(m.key_enter(fast, reference))
+    except RuntimeError as e:
+        _state["key_failed"] = True
+        warnings.warn(f"dtr: entry='key' is unavailable in this process, running entry='mode' (same results, more "
+                      f"host time per op): {str(e).splitlines()[0]}", RuntimeWarning, stacklevel=4)
+        return False
 
 
 def key_active() -> bool:
