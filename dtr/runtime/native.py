@@ -25,8 +25,8 @@ from typing import Any, Optional
 
 import torch
 
-__all__ = ["ENTRIES", "ENTRY_ENV_VAR", "ENV_VAR", "available", "fast_path", "key_active", "key_enter", "key_off", "native_module",
-           "use_entry", "use_native"]
+__all__ = ["ENTRIES", "ENTRY_ENV_VAR", "ENV_VAR", "available", "fast_path", "key_active", "key_enter", "key_off",
+           "native_module", "use_entry", "use_native"]
 
 ENV_VAR = "DTR_NATIVE"
 ENTRY_ENV_VAR = "DTR_ENTRY"
