@@ -139,6 +139,20 @@ struct CallArgs {
   std::vector<int64_t> sizes;
 };
 
+// Core::begin_call from the table's arrays; inplace_of may be null (no output is a new version).
+int table_begin_call(void* c, const int* inputs, int n_in, const int64_t* sizes, const int* inplace_of, int n_out,
+                     double cost) {
+  return guarded([&] {
+    DepthLease<CallArgs> lease;
+    CallArgs& a = *lease;
+    a.inputs.assign(inputs, inputs + n_in);
+    a.sizes.assign(sizes, sizes + n_out);
+    a.none.assign(size_t(n_out), -1);
+    if (inplace_of != nullptr) a.inplace_of.assign(inplace_of, inplace_of + n_out);
+    return as_core(c).begin_call(a.inputs, a.sizes, a.none, inplace_of != nullptr ? a.inplace_of : a.none, cost);
+  }, -1);
+}
+
 const DtrCoreApi core_api = {
     DTR_CORE_API_VERSION,
     [](void* c, int t) { return guarded([&] { return as_core(c).storage_of(t); }, -1); },
@@ -153,14 +167,7 @@ const DtrCoreApi core_api = {
     [](void* c) { return as_core(c).counters().remat_compute; },
     [](void* c, double limit) { as_core(c).set_remat_limit(limit); },
     [](void* c, const int* inputs, int n_in, const int64_t* sizes, int n_out, double cost) {
-      return guarded([&] {
-        DepthLease<CallArgs> lease;
-        CallArgs& a = *lease;
-        a.inputs.assign(inputs, inputs + n_in);
-        a.sizes.assign(sizes, sizes + n_out);
-        a.none.assign(size_t(n_out), -1);
-        return as_core(c).begin_call(a.inputs, a.sizes, a.none, a.none, cost);
-      }, -1);
+      return table_begin_call(c, inputs, n_in, sizes, nullptr, n_out, cost);
     },
     [](void* c, int op, double cost) { return guarded([&] { as_core(c).end_call(op, cost); return 0; }, -1); },
     [](void* c, int op) { return guarded([&] { as_core(c).abort_call(op); return 0; }, -1); },
@@ -190,17 +197,7 @@ const DtrCoreApi core_api = {
         return 0;
       }, -1);
     },
-    [](void* c, const int* inputs, int n_in, const int64_t* sizes, const int* inplace_of, int n_out, double cost) {
-      return guarded([&] {
-        DepthLease<CallArgs> lease;
-        CallArgs& a = *lease;
-        a.inputs.assign(inputs, inputs + n_in);
-        a.sizes.assign(sizes, sizes + n_out);
-        a.none.assign(size_t(n_out), -1);
-        a.inplace_of.assign(inplace_of, inplace_of + n_out);
-        return as_core(c).begin_call(a.inputs, a.sizes, a.none, a.inplace_of, cost);
-      }, -1);
-    },
+    &table_begin_call,
     [](void* c, int s) { return guarded([&] { return int64_t(as_core(c).storage_size(s)); }, int64_t(-1)); },
 };
 

@@ -548,24 +548,32 @@ PyObject* constant(FastPath* f, PyObject* st);  // (below, with the methods)
 int on_evict_hook(void* ctx, int s, int by_heuristic);
 
 // DTRMode._track: the current version of x's storage; a constant on first sight.
-long track(FastPath* f, PyObject* x) {
+// The version x's storage is now, if dtr tracks it and its buffer is alive: 1 with *version and *storage
+// set; 0 if not (first sight, or the address of a storage that died since the last poll); -1 on error.
+int live_version(FastPath* f, PyObject* x, long* version, int* storage) {
   const at::Tensor& t = THPVariable_Unpack(x);
-  c10::StorageImpl* impl = t.storage().unsafeGetStorageImpl();
-  Ref cdata(PyLong_FromVoidPtr(impl));
+  Ref cdata(PyLong_FromVoidPtr(t.storage().unsafeGetStorageImpl()));
   if (!cdata) return -1;
-  PyObject* version = mget(f, S::version);
-  PyObject* v = PyDict_GetItemWithError(version, cdata.get());
-  if (v == nullptr && PyErr_Occurred()) return -1;
-  if (v != nullptr) {
-    long tv = PyLong_AsLong(v);
-    int s = storage_of(f, tv);
-    if (s < 0) return -1;
-    PyObject* b = phys_of(f, mget(f, S::phys), s);
-    if (b == nullptr) return -1;
-    int dead = buf_dead(b);
-    if (dead < 0) return -1;
-    if (!dead) return tv;
-  }
+  PyObject* v = PyDict_GetItemWithError(mget(f, S::version), cdata.get());
+  if (v == nullptr) return PyErr_Occurred() ? -1 : 0;
+  long tv = PyLong_AsLong(v);
+  int s = storage_of(f, tv);
+  if (s < 0) return -1;
+  PyObject* b = phys_of(f, mget(f, S::phys), s);
+  if (b == nullptr) return -1;
+  int dead = buf_dead(b);
+  if (dead != 0) return dead < 0 ? -1 : 0;
+  *version = tv;
+  *storage = s;
+  return 1;
+}
+
+long track(FastPath* f, PyObject* x) {
+  long tv;
+  int s;
+  int live = live_version(f, x, &tv, &s);
+  if (live < 0) return -1;
+  if (live) return tv;
   // (the address of a storage that died since the last poll, reused; or first sight)
   Ref st(PyObject_CallMethodNoArgs(x, names.untyped_storage));
   if (!st) return -1;
@@ -577,18 +585,10 @@ long track(FastPath* f, PyObject* x) {
 // (mode.py's _commit: a tracked storage, alive, not pinned); 0 if the reference must take it (a constant
 // to protect, or first sight); -1 on error. Reads state only: track(x) then returns the same version.
 int written_version(FastPath* f, PyObject* x, long* out) {
-  const at::Tensor& t = THPVariable_Unpack(x);
-  Ref cdata(PyLong_FromVoidPtr(t.storage().unsafeGetStorageImpl()));
-  if (!cdata) return -1;
-  PyObject* v = PyDict_GetItemWithError(mget(f, S::version), cdata.get());
-  if (v == nullptr) return PyErr_Occurred() ? -1 : 0;
-  long tv = PyLong_AsLong(v);
-  int st = storage_of(f, tv);
-  if (st < 0) return -1;
-  PyObject* b = phys_of(f, mget(f, S::phys), st);
-  if (b == nullptr) return -1;
-  int dead = buf_dead(b);
-  if (dead != 0) return dead < 0 ? -1 : 0;
+  long tv;
+  int st;
+  int live = live_version(f, x, &tv, &st);
+  if (live <= 0) return live;
   int pinned = api->pinned(f->c, st);
   if (pinned != 0) return pinned < 0 ? -1 : 0;
   *out = tv;
