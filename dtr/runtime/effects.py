@@ -11,7 +11,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-__all__ = ["may_write", "overwrites_self", "register_writes", "written_args"]
+__all__ = ["has_hidden_writes", "may_write", "overwrites_self", "register_writes", "written_args"]
 
 _generation = 0  # how many times rules were registered
 # op overload packet name -> f(args, kwargs) -> positions of written tensor args
@@ -69,6 +69,11 @@ def written_args(func: torch._ops.OpOverload, args: Sequence, kwargs: dict) -> L
     if hidden is not None:
         writes += [i for i in hidden(args, kwargs) if i not in writes]
     return writes
+
+
+def has_hidden_writes(func: torch._ops.OpOverload) -> bool:
+    """Whether a hidden-write rule (register_writes) covers ``func``: its schema does not say all it writes."""
+    return func._schema.name in _HIDDEN_WRITES
 
 
 def may_write(func: torch._ops.OpOverload) -> bool:

@@ -19,7 +19,7 @@ from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_mod
 from dtr.core import Core
 from dtr.errors import OutOfBudgetError, ThrashingError
 from dtr.runtime.costs import CostModel
-from dtr.runtime.effects import _HIDDEN_WRITES, may_write, overwrites_self, schema_writes, written_args
+from dtr.runtime.effects import has_hidden_writes, may_write, overwrites_self, schema_writes, written_args
 from dtr.runtime.recorder import LogRecorder
 from dtr.runtime.timing import ProvisionalCosts, Timer, WallTimer, make_timer
 from dtr.semantics import remat_allowance
@@ -1524,7 +1524,7 @@ def _native_op_info(func: Any) -> Tuple[bool, bool, str, Any, bool]:
     schema = func._schema
     writes = schema_writes(func)[0] if type(func) is torch._ops.OpOverload else None  # (metadata writes excluded:)
     inplace = (writes == (0,) and func not in _REBINDS and not seeded and not overwrites_self(func)
-               and schema.name not in _HIDDEN_WRITES and schema.name not in _RESIZES
+               and not has_hidden_writes(func) and schema.name not in _RESIZES
                and torch.Tag.inplace_view not in func.tags and len(schema.returns) == 1
                and schema.returns[0].alias_info is not None and schema.returns[0].alias_info.is_write
                and isinstance(schema.arguments[0].type, torch.TensorType))
