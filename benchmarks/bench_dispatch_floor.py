@@ -43,27 +43,12 @@ import tempfile
 import time
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 import dtr
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_runtime  # noqa: E402  (the models)
-
-
-class _Nop(TorchDispatchMode):
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        return func(*args, **(kwargs or {}))
-
-
-class _Names(TorchDispatchMode):
-    def __init__(self):
-        super().__init__()
-        self.names: collections.Counter = collections.Counter()
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.names[f"{func._schema.name.split('::')[-1]}.{func._overloadname}"] += 1
-        return func(*args, **(kwargs or {}))
+from dispatch_modes import Nop, OpNames  # noqa: E402
 
 
 def _build(build_dir: str):
@@ -104,7 +89,7 @@ def main(argv=None) -> int:
         finally:
             ext.enable(False, 0, False)
 
-    variants = {"plain": contextlib.nullcontext, "python-nop": _Nop}
+    variants = {"plain": contextlib.nullcontext, "python-nop": Nop}
     if ext is not None:
         variants.update({"cpp-nop": lambda: cpp(0), "cpp-read": lambda: cpp(1), "cpp-to-python": lambda: cpp(2)})
     variants["dtr-mode"] = lambda: dtr.budget(None, entry="mode")
@@ -118,7 +103,7 @@ def main(argv=None) -> int:
         ref = ref or grads
         if not all(torch.equal(x, y) for x, y in zip(ref, grads)):
             raise SystemExit(f"{name}: gradients differ from plain PyTorch's")
-    py = _Names()
+    py = OpNames()
     with py:
         step()
     seen_cpp: collections.Counter = collections.Counter()

@@ -39,25 +39,10 @@ import sys
 import time
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from dispatch_modes import Nop, OpNames  # (benchmarks/, this script's directory)
 
 import dtr
 from dtr.runtime import native as native_path
-
-
-class _Nop(TorchDispatchMode):
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        return func(*args, **(kwargs or {}))
-
-
-class _Count(TorchDispatchMode):
-    def __init__(self):
-        super().__init__()
-        self.n = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.n += 1
-        return func(*args, **(kwargs or {}))
 
 
 def main(argv=None) -> int:
@@ -80,10 +65,10 @@ def main(argv=None) -> int:
         model.zero_grad(set_to_none=True)
         model(x).square().sum().backward()
 
-    counter = _Count()
+    counter = OpNames()
     with counter:
         step()
-    ops = counter.n
+    ops = sum(counter.names.values())
     for _ in range(2):  # (the second block counts the first one's gradients from its start, as a loop does)
         with dtr.budget(None, native=False) as b:
             step()
@@ -94,7 +79,7 @@ def main(argv=None) -> int:
         print("dtr._native is not available: only the reference is measured", file=sys.stderr)
     variants = {
         "plain": contextlib.nullcontext,
-        "nop": _Nop,
+        "nop": Nop,
         "track/ref": lambda: dtr.budget(None, native=False),
         "budget/ref": lambda: dtr.budget(limit[0], native=False, thrash_limit=None),
     }
