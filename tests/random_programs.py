@@ -368,34 +368,43 @@ def _loss(env: Dict[str, torch.Tensor]) -> torch.Tensor:
     return torch.stack(terms).sum() if terms else torch.zeros(())
 
 
-def run(p: Program, ctx: Optional[Any] = None) -> Result:
+def run(p: Program, ctx: Optional[Any] = None, check: Optional[Callable[[], None]] = None) -> Result:
     """Execute ``p`` (inside ``ctx`` if given): forward instructions, the loss and its backward.
+
+    ``check()``, if given, runs after each instruction and after the backward
+    (a block's ``_check``: its invariants between ops).
 
     Raises whatever the program or the context raises.
     """
     params, inputs = _leaves(p)
     torch.manual_seed(p.seed)
     with (ctx if ctx is not None else contextlib.nullcontext()):
-        loss, env = _step(p, params, inputs)
+        loss, env = _step(p, params, inputs, check)
     values = {n: x.detach().clone() for n, x in env.items()}
     return Result(loss.detach().clone(), [None if q.grad is None else q.grad.clone() for q in params], values)
 
 
-def _step(p: Program, params: List[torch.Tensor], inputs: List[torch.Tensor]):
+def _step(p: Program, params: List[torch.Tensor], inputs: List[torch.Tensor],
+          check: Optional[Callable[[], None]] = None):
     """The instructions, the loss and its backward; (loss, the names the program still holds)."""
     env = _env(params, inputs)
     for ins in p.instrs:
         _exec(ins, env)
+        if check is not None:
+            check()
     loss = _loss(env)
     # The program keeps a few names; the rest lives on only in autograd's saved tensors.
     env = {n: env[n] for n in sorted(env)[-KEEP:]}
     if loss.requires_grad:
         loss.backward()
+    if check is not None:
+        check()
     return loss, env
 
 
 def run_steps(p: Program, steps: int = 3, *, per_step: Optional[Callable[[], Any]] = None,
-              around: Optional[Any] = None, lr: float = 0.01) -> List[Result]:
+              around: Optional[Any] = None, lr: float = 0.01,
+              check: Optional[Callable[[], None]] = None) -> List[Result]:
     """Execute ``p`` as ``steps`` training steps over the same leaves; one Result per step.
 
     Each step runs the instructions on the current parameters and inputs (the
@@ -404,7 +413,8 @@ def run_steps(p: Program, steps: int = 3, *, per_step: Optional[Callable[[], Any
     the parameters in place (SGD, under ``no_grad``). ``per_step()`` makes a
     context for each step; ``around`` is one context around all of them, and
     then only the last step's Result is complete (the others hold the loss).
-    ``values`` also holds the parameters after the step's update.
+    ``values`` also holds the parameters after the step's update. ``check``:
+    as for :func:`run`, and after each update.
     """
     params, inputs = _leaves(p)
     torch.manual_seed(p.seed)
@@ -412,11 +422,13 @@ def run_steps(p: Program, steps: int = 3, *, per_step: Optional[Callable[[], Any
     with (around if around is not None else contextlib.nullcontext()):
         for _ in range(steps):
             with (per_step() if per_step is not None else contextlib.nullcontext()):
-                loss, env = _step(p, params, inputs)
+                loss, env = _step(p, params, inputs, check)
                 with torch.no_grad():
                     for q in params:
                         if q.grad is not None:
                             q.sub_(lr * q.grad)
+                if check is not None:
+                    check()
             if around is None:  # (after the step's own context: the copies are the test's, not the step's memory)
                 out.append(_result(loss, params, env))
             else:  # inside the context: only the loss now, the rest after the last step

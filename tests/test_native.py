@@ -22,7 +22,8 @@ import torch.nn.functional as F  # noqa: E402
 
 import dtr  # noqa: E402
 from dtr.runtime import native  # noqa: E402
-from dtr.runtime.mode import _CARRIED, _Buf  # noqa: E402
+from dtr.runtime.mode import _CARRIED  # noqa: E402
+from dtr.runtime.storage_table import Buf as _Buf  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(__file__))
 from random_programs import generate, run  # noqa: E402

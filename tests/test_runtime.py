@@ -18,7 +18,7 @@ import dtr  # noqa: E402
 _storage = torch._C.TensorBase.untyped_storage
 
 from dtr.core import ReplayStatus  # noqa: E402
-from dtr.runtime.mode import _SWAP  # noqa: E402
+from dtr.runtime.recompute import _SWAP  # noqa: E402
 from dtr.sim import replay  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(__file__))
@@ -50,7 +50,7 @@ def budget_at(model, x, y, f):
     return int(const + f * (plain_peak(model, x, y) - const))
 
 
-# The O(1) way of bringing a recomputed value back (Note [Adopting recomputed bytes] in dtr/runtime/mode.py)
+# The O(1) way of bringing a recomputed value back (Note [Adopting recomputed bytes] in dtr/runtime/recompute.py)
 # needs UntypedStorage._swap_data_ptr_, which older torch (2.11) lacks; there the runtime copies instead.
 NO_SWAP = pytest.mark.skipif(not _SWAP, reason=f"torch {torch.__version__} lacks UntypedStorage._swap_data_ptr_: "
                              "the runtime copies recomputed values (the copy case covers that)")
@@ -87,10 +87,10 @@ def test_exact_gradients_and_buffers_within_budget(name, heuristic, f):
 @pytest.mark.parametrize("adopt", [pytest.param(True, marks=NO_SWAP), False], ids=["adopt", "copy"])
 def test_recomputed_bytes_adopted_or_copied_are_exact(monkeypatch, adopt):
     """Both ways of bringing a recomputed value back (see Note [Adopting recomputed bytes])."""
-    from dtr.runtime import mode as mode_mod
-    monkeypatch.setattr(mode_mod, "_SWAP", adopt)
+    from dtr.runtime import recompute as recompute_mod
+    monkeypatch.setattr(recompute_mod, "_SWAP", adopt)
     calls = {"adopted": 0, "copied": 0}
-    adopt_fn, refill_fn = mode_mod.DTRMode._adopt, mode_mod.DTRMode._refill
+    adopt_fn, refill_fn = recompute_mod.Recomputer._adopt, recompute_mod.Recomputer.refill
 
     def spy_adopt(self, slot, o):
         ok = adopt_fn(self, slot, o)
@@ -100,8 +100,8 @@ def test_recomputed_bytes_adopted_or_copied_are_exact(monkeypatch, adopt):
     def spy_refill(self, t):
         calls["copied"] += 1
         return refill_fn(self, t)
-    monkeypatch.setattr(mode_mod.DTRMode, "_adopt", spy_adopt)
-    monkeypatch.setattr(mode_mod.DTRMode, "_refill", spy_refill)
+    monkeypatch.setattr(recompute_mod.Recomputer, "_adopt", spy_adopt)
+    monkeypatch.setattr(recompute_mod.Recomputer, "refill", spy_refill)
     torch.manual_seed(0)
     model, x, y = MODELS["cnn"]()
     ref = copy.deepcopy(model)
@@ -122,15 +122,15 @@ def test_recomputed_in_place_writes_take_over_their_old_versions(monkeypatch, sw
     """Bringing back a value written in place twice reruns both writes on one buffer (the core's Note
     [Handing bytes over on recomputation]); the values are exact and the budget holds, with the O(1) buffer
     swap or with its fallback (copy, then free the old buffer at once)."""
-    from dtr.runtime import mode as mode_mod
-    monkeypatch.setattr(mode_mod, "_SWAP", swap)
+    from dtr.runtime import recompute as recompute_mod
+    monkeypatch.setattr(recompute_mod, "_SWAP", swap)
     handed = []
-    hand_over = mode_mod.DTRMode._hand_over
+    hand_over = recompute_mod.Recomputer._hand_over
 
     def spy(self, old, new, slot, overwrites_all):
         handed.append(old)
         return hand_over(self, old, new, slot, overwrites_all)
-    monkeypatch.setattr(mode_mod.DTRMode, "_hand_over", spy)
+    monkeypatch.setattr(recompute_mod.Recomputer, "_hand_over", spy)
     mib = 2 ** 20
     x = torch.randn(256, 1024)  # 1 MiB
     ref = ((x * 2).relu() * 3)
@@ -153,15 +153,15 @@ def test_a_failed_recomputation_after_a_handover_recovers(monkeypatch, swap):
     """A recomputed in-place write that raises after taking its old version's bytes: the old version
     is evicted (its bytes may be half written), the locks taken are given back, and a retry computes
     exact values (regression: the core kept the old version resident, and a retry read garbage)."""
-    from dtr.runtime import mode as mode_mod
-    monkeypatch.setattr(mode_mod, "_SWAP", swap)
+    from dtr.runtime import recompute as recompute_mod
+    monkeypatch.setattr(recompute_mod, "_SWAP", swap)
 
     class FailingRelu:  # the recipe's op, failing once
         _schema = torch.ops.aten.relu_.default._schema
 
         def __call__(self, *args, **kwargs):
             raise RuntimeError("simulated failure inside relu_")
-    recompute = mode_mod.DTRMode._recompute
+    recompute = recompute_mod.Recomputer.run
     failed = []
 
     def failing_once(self, op):
@@ -174,7 +174,7 @@ def test_a_failed_recomputation_after_a_handover_recovers(monkeypatch, swap):
             finally:
                 self.recipes[op] = r
         return recompute(self, op)
-    monkeypatch.setattr(mode_mod.DTRMode, "_recompute", failing_once)
+    monkeypatch.setattr(recompute_mod.Recomputer, "run", failing_once)
     mib = 2 ** 20
     x = torch.randn(256, 1024)
     ref = (x * 2).relu() * 3
@@ -480,7 +480,7 @@ def test_escaped_memory_is_never_evicted():
             held = [model[:k](x) for k in (2, 5, 8)]
             arr = held[0].numpy()
             mode = b._mode
-            s = mode.core.storage_of(mode.version[_storage(held[0])._cdata])
+            s = mode.core.storage_of(mode.table.version[_storage(held[0])._cdata])
             for _ in range(2):
                 model(big)
                 assert mode.core.resident(s)
@@ -570,7 +570,7 @@ def test_a_constant_write_does_not_bring_back_what_the_program_dropped():
             assert b.stats["remats"] == 0
             assert b.stats["memory_bytes"] <= 2 * n + n // 2
             b._mode.poll()
-            assert len(b._mode.alive) == 2  # w and k
+            assert len(b._mode.table.alive) == 2  # w and k
     assert torch.equal(k, ref)
 
 
@@ -723,7 +723,7 @@ def test_tensors_held_when_the_block_fails_come_back(failure):
             hs = _chain(x, 7)
             kept = hs[::2]  # x * 2, * 8, * 32, * 128: within the budget together
             del hs
-            assert b.stats["evictions"] > 0 and not all(b._mode.core.defined(b._mode.version[
+            assert b.stats["evictions"] > 0 and not all(b._mode.core.defined(b._mode.table.version[
                 _storage(t)._cdata]) for t in kept)
             if failure == "program":
                 raise KeyError("the program's own error")
@@ -734,7 +734,7 @@ def test_tensors_held_when_the_block_fails_come_back(failure):
 def test_a_failed_block_whose_tensors_cannot_come_back_says_so(monkeypatch):
     """If bringing back what the program holds fails as well (a recomputation raises), the block's own
     exception still propagates, and a BudgetWarning says that the evicted tensors must not be used."""
-    from dtr.runtime import mode as mode_mod
+    from dtr.runtime import recompute as recompute_mod
 
     def failing(self, op):
         raise RuntimeError("simulated failure of a recomputation")
@@ -746,8 +746,8 @@ def test_a_failed_block_whose_tensors_cannot_come_back_says_so(monkeypatch):
                 hs = _chain(x, 7)
                 kept = hs[::2]
                 del hs
-                assert not all(b._mode.core.defined(b._mode.version[_storage(t)._cdata]) for t in kept)
-                monkeypatch.setattr(mode_mod.DTRMode, "_recompute", failing)
+                assert not all(b._mode.core.defined(b._mode.table.version[_storage(t)._cdata]) for t in kept)
+                monkeypatch.setattr(recompute_mod.Recomputer, "run", failing)
                 raise KeyError("the program's own error")
     assert any(_storage(t).nbytes() == 0 for t in kept)  # what the warning is about
 

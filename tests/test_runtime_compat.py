@@ -385,7 +385,7 @@ def test_one_block_over_steps_replays_to_the_same_decisions(tmp_path):
 
 
 def table_sizes(mode):
-    return dict(recipes=len(mode.recipes), phys=len(mode.phys), alive=len(mode.alive),
+    return dict(recipes=len(mode.recomputer.recipes), phys=len(mode.table.phys), alive=len(mode.table.alive),
                 storages=mode.core.num_storages, tensors=mode.core.num_tensors, ops=mode.core.num_ops)
 
 

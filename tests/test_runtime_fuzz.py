@@ -66,15 +66,15 @@ def test_random_programs_are_exact_or_fail_cleanly(heuristic, cost_model):
         p = generate(seed)
         want = run(p)
         b = dtr.budget(None, cost_model=cost_model, heuristic=heuristic)
-        assert_equal(run(p, b), want, f"seed {seed}, no limit")
+        assert_equal(run(p, b, check=b._check), want, f"seed {seed}, no limit")
         peak = b.stats["peak_bytes"]
         const = _constant_bytes(p)
         for f in FRACTIONS:
             limit = int(const + f * max(peak - const, 0))
             b = dtr.budget(limit, cost_model=cost_model, heuristic=heuristic)
             what = f"seed {seed}, {heuristic} ({cost_model}) at {f:.0%} ({limit} bytes)"
-            try:
-                got = run(p, b)
+            try:  # (the runtime's invariants are checked after every instruction)
+                got = run(p, b, check=b._check)
             except (dtr.OutOfBudgetError, dtr.ThrashingError):
                 infeasible += 1
                 continue
@@ -117,11 +117,13 @@ def test_random_programs_over_training_steps_are_exact(one_with):
             def budgeted(blocks=blocks, limit=limit):
                 blocks.append(dtr.budget(limit, cost_model="flops"))
                 return blocks[-1]
+            def check(blocks=blocks):  # (the current block's invariants, after every instruction)
+                blocks[-1]._check()
             try:
                 if one_with:
-                    got = run_steps(p, around=budgeted())
+                    got = run_steps(p, around=budgeted(), check=check)
                 else:
-                    got = run_steps(p, per_step=budgeted)
+                    got = run_steps(p, per_step=budgeted, check=check)
             except (dtr.OutOfBudgetError, dtr.ThrashingError):
                 infeasible += 1
                 continue

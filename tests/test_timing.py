@@ -378,8 +378,8 @@ def test_pending_costs_follow_compaction():
         if tag != "remat":
             op, _, func = tag
             assert mode.core.op_cost(op) == ns
-            if op in mode.recipes:
-                assert mode.recipes[op].func == func
+            if op in mode.recomputer.recipes:
+                assert mode.recomputer.recipes[op].func == func
                 checked.append(op)
     mode.timer._on_resolved = spy
     try:

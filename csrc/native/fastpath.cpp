@@ -8,7 +8,7 @@
 // nothing (by its schema or a hidden-write rule), whose output sizes the
 // meta run predicted, and whose cost is known at once (the CPU's wall clock,
 // or the flop model). It reads and writes the *same* state the reference
-// keeps (the mode's dicts, _Buf records, recipes, handles), in the same order,
+// keeps (the storage table's maps and Buf records, the recipes), in the same order,
 // and calls the core through the same bound methods, so the two paths can be
 // interleaved op by op and make the same decisions; tests/test_native.py runs
 // the runtime's tests on both and compares recorded logs line by line.
@@ -33,6 +33,7 @@
 //    ints are immutable, so nothing here can go stale.
 #include <Python.h>
 #include <structmember.h>
+#include <tuple>
 
 #include <torch/csrc/Device.h>
 #include <torch/csrc/DynamicTypes.h>
@@ -89,12 +90,12 @@ Ref borrowed(PyObject* o) { Py_XINCREF(o); return Ref(o); }
 struct Env {
   PyObject* slot_type = nullptr;      // mode.Slot
   PyObject* recipe_type = nullptr;    // mode.Recipe
-  PyTypeObject* buf_type = nullptr;   // mode._Buf
+  PyTypeObject* buf_type = nullptr;   // storage_table.Buf
   Py_ssize_t buf_weak = 0, buf_strong = 0, buf_shared = 0, buf_dropped = 0;  // its slots' offsets
   PyObject* wall_timer = nullptr;     // timing.WallTimer
   PyObject* thrashing_error = nullptr;
   PyObject* translated = nullptr;     // core._TRANSLATED
-  PyObject* rng_capture = nullptr;    // mode._rng_capture
+  PyObject* rng_capture = nullptr;    // recompute.rng_capture
   PyObject* size_warning = nullptr;   // mode._size_warning(func, got, predicted)
   PyObject* op_info = nullptr;        // mode._native_op_info(func) -> (fast, seeded, name, call)
   PyObject* effects = nullptr;        // the effects module (its _generation)
@@ -108,33 +109,39 @@ struct Env {
 #define DTR_NAMES(X)                                                                                        \
   X(poll) X(collect) X(_native_predict) X(call) X(release) X(_generation) X(sizes) X(owning) X(metas) \
   X(estimate) X(mutated) X(device) X(__exit__) X(cost_model) X(measured) X(untyped_storage) \
-  X(_schedule_full_poll) X(_core) X(core) X(_on_evict) X(on_compute) X(_on_compute) X(on_pin) X(constant) \
-  X(_set_device) X(versions) X(pin)
+  X(schedule) X(_core) X(core) X(_on_evict) X(on_compute) X(_on_compute) X(on_pin) X(constant) \
+  X(_set_device) X(pin)
 struct Names {
 #define DTR_DECL(n) PyObject* n = nullptr;
   DTR_NAMES(DTR_DECL)
 #undef DTR_DECL
 } names;
 
-// The mode's attributes this path reads or writes on every op: slots of DTRMode (Note [The mode's slots] in
-// dtr/runtime/mode.py), read at their offsets, found once by configure().
-#define DTR_MODE_SLOTS(X)                                                                                     \
-  X(device_type) X(_opaque_readers) X(timer) X(recorder) X(ops_seen) X(_next_full_poll) X(_poll_on_schedule)  \
-  X(_recent_ops) X(version) X(cdata_of) X(phys) X(recipes) X(handle) X(alive) X(_next_handle) X(_ops_at_gc)   \
-  X(_live_after_gc) X(thrash_limit)
-enum class S : int {
+// The attributes this path reads or writes on every op: slots of DTRMode (Note [The mode's slots] in
+// dtr/runtime/mode.py), of its StorageTable (Note [The storage table] in dtr/runtime/storage_table.py) and
+// of its Liveness (dtr/runtime/liveness.py), read at their offsets, found once by configure().
+#define DTR_MODE_SLOTS(X)                                                                                    \
+  X(device_type) X(_opaque_readers) X(timer) X(recorder) X(ops_seen) X(liveness) X(table) X(recomputer)      \
+  X(_ops_at_gc) X(_live_after_gc) X(thrash_limit)
+#define DTR_TABLE_SLOTS(X) X(version) X(cdata_of) X(phys) X(handle) X(alive) X(versions) X(_next_handle)
+#define DTR_LIVENESS_SLOTS(X) X(recent) X(next_full_poll) X(on_schedule)
 #define DTR_SLOT_ENUM(n) n,
-  DTR_MODE_SLOTS(DTR_SLOT_ENUM)
-#undef DTR_SLOT_ENUM
-  count
-};
-const char* const kSlotNames[] = {
 #define DTR_SLOT_NAME(n) #n,
-    DTR_MODE_SLOTS(DTR_SLOT_NAME)
+enum class S : int { DTR_MODE_SLOTS(DTR_SLOT_ENUM) count };
+enum class T : int { DTR_TABLE_SLOTS(DTR_SLOT_ENUM) count };
+enum class L : int { DTR_LIVENESS_SLOTS(DTR_SLOT_ENUM) count };
+const char* const kSlotNames[] = {DTR_MODE_SLOTS(DTR_SLOT_NAME)};
+const char* const kTableSlotNames[] = {DTR_TABLE_SLOTS(DTR_SLOT_NAME)};
+const char* const kLivenessSlotNames[] = {DTR_LIVENESS_SLOTS(DTR_SLOT_NAME)};
+#undef DTR_SLOT_ENUM
 #undef DTR_SLOT_NAME
-};
 Py_ssize_t mode_slots[static_cast<int>(S::count)];
-PyTypeObject* mode_type = nullptr;  // DTRMode
+Py_ssize_t table_slots[static_cast<int>(T::count)];
+Py_ssize_t liveness_slots[static_cast<int>(L::count)];
+PyTypeObject* mode_type = nullptr;      // DTRMode
+PyTypeObject* table_type = nullptr;     // StorageTable
+PyTypeObject* liveness_type = nullptr;  // Liveness
+Py_ssize_t recipes_slot = -1;        // Recomputer.recipes (dtr/runtime/recompute.py)
 
 bool intern_names() {
 #define DTR_INTERN(n) if (!(names.n = PyUnicode_InternFromString(#n))) return false;
@@ -153,13 +160,13 @@ Py_ssize_t slot_offset(PyTypeObject* type, const char* name) {
 PyObject*& slot_at(PyObject* o, Py_ssize_t off) { return *reinterpret_cast<PyObject**>(reinterpret_cast<char*>(o) + off); }
 
 // --------------------------------------------------------------------- buffers
-// The reference's _Buf, read and made here (see mode._Buf). ``weak`` holds a raw
+// The reference's Buf, read and made here (see storage_table.Buf). ``weak`` holds a raw
 // weak pointer to the StorageImpl as an int (what UntypedStorage._weak_ref makes).
 c10::StorageImpl* weak_ptr(PyObject* weak) { return static_cast<c10::StorageImpl*>(PyLong_AsVoidPtr(weak)); }
 
 bool weak_expired(PyObject* weak) { return c10::raw::weak_intrusive_ptr::use_count(weak_ptr(weak)) == 0; }
 
-// _Buf.dead(). The reference's ``sys.getrefcount(strong) <= 2`` counts the call's own reference:
+// Buf.dead(). The reference's ``sys.getrefcount(strong) <= 2`` counts the call's own reference:
 // here, no reference but the buffer's (tests/test_native.py checks that the two agree).
 int buf_dead(PyObject* b) {
   PyObject* strong = slot_at(b, env.buf_strong);
@@ -178,7 +185,7 @@ int buf_dead(PyObject* b) {
   return weak != nullptr && weak != Py_None && weak_expired(weak);
 }
 
-// Whether _Buf.get() is None: held weakly and expired.
+// Whether Buf.get() is None: held weakly and expired.
 bool buf_gone(PyObject* b) {
   PyObject* strong = slot_at(b, env.buf_strong);
   if (strong != nullptr && strong != Py_None) return false;
@@ -186,7 +193,7 @@ bool buf_gone(PyObject* b) {
   return weak == nullptr || weak == Py_None || weak_expired(weak);
 }
 
-// _Buf(storage, owned=False): the program's buffer, held weakly.
+// Buf(storage, owned=False): the program's buffer, held weakly.
 PyObject* new_weak_buf(c10::StorageImpl* impl) {
   PyObject* b = env.buf_type->tp_alloc(env.buf_type, 0);
   if (b == nullptr) return nullptr;
@@ -200,7 +207,7 @@ PyObject* new_weak_buf(c10::StorageImpl* impl) {
   return b;
 }
 
-// _Buf(storage, owned=True, shared=True): a constant's buffer, held strongly (``storage`` is a Python storage).
+// Buf(storage, owned=True, shared=True): a constant's buffer, held strongly (``storage`` is a Python storage).
 PyObject* new_shared_buf(PyObject* storage) {
   PyObject* b = env.buf_type->tp_alloc(env.buf_type, 0);
   if (b == nullptr) return nullptr;
@@ -212,7 +219,7 @@ PyObject* new_shared_buf(PyObject* storage) {
   return b;
 }
 
-// _Buf(torch.UntypedStorage(0, device=device), owned=True): what a version keeps once a write took its buffer.
+// Buf(torch.UntypedStorage(0, device=device), owned=True): what a version keeps once a write took its buffer.
 PyObject* new_empty_owned_buf(const c10::Device& device) {
   c10::Storage empty(c10::make_intrusive<c10::StorageImpl>(c10::StorageImpl::use_byte_size_t(), 0,
                                                            c10::DataPtr(nullptr, device),
@@ -229,7 +236,7 @@ PyObject* new_empty_owned_buf(const c10::Device& device) {
   return b;
 }
 
-// _Buf.get() for a buffer that is not dropped: the StorageImpl it holds, or null if it is gone.
+// Buf.get() for a buffer that is not dropped: the StorageImpl it holds, or null if it is gone.
 c10::StorageImpl* buf_impl(PyObject* b) {
   PyObject* strong = slot_at(b, env.buf_strong);
   if (strong != nullptr && strong != Py_None)
@@ -239,13 +246,13 @@ c10::StorageImpl* buf_impl(PyObject* b) {
 }
 
 // Note [Untracked records]
-// The records this path leaves behind for every op (a _Buf, a Recipe with its
+// The records this path leaves behind for every op (a Buf, a Recipe with its
 // leaves, Slots and output pairs) live as long as their storage or op, and
 // Python's cyclic GC would traverse each of them at every full collection: a
 // block's full collections scan everything the block created (budget.py's
 // Note [Garbage collection during a block]), about a quarter of this path's
 // time on a chain of small ops. None of them can be part of a reference cycle
-// (mode.py's Note [Recipes and the cyclic GC]: they hold ops, ints, tuples,
+// (recompute.py's Note [Recipes and the cyclic GC]: they hold ops, ints, tuples,
 // dtypes, storages and generator states, nothing that refers back to a
 // record), so they are untracked when made: they are freed by reference
 // counting as before, and the collector never visits them.
@@ -468,6 +475,8 @@ const DtrCoreApi* api = nullptr;  // dtr._C's table (Note [The core's C route])
 struct FastPath {
   PyObject_HEAD
   PyObject* mode;      // owned
+  PyObject* table;     // mode.table (set once, in DTRMode.__init__), owned
+  PyObject* liveness;  // mode.liveness (likewise), owned
   PyObject* fallback;  // DTRMode.__torch_dispatch__ (the class's function), owned
   PyObject* core;      // the wrapped _C.Core, owned (it keeps `c` alive)
   void* c;             // its address, for the C route (core_api.h)
@@ -496,6 +505,18 @@ bool mset_long(FastPath* f, S name, long v) {
   if (o == nullptr) return false;
   Py_XSETREF(slot_at(f->mode, mode_slots[static_cast<int>(name)]), o);
   return true;
+}
+
+PyObject* recipes_of(FastPath* f) {  // the mode's recipes (its Recomputer's), borrowed
+  return slot_at(mget(f, S::recomputer), recipes_slot);
+}
+
+PyObject* tget(FastPath* f, T name) {  // the storage table's slot, borrowed (its maps are always set)
+  return slot_at(f->table, table_slots[static_cast<int>(name)]);
+}
+
+PyObject* lget(FastPath* f, L name) {  // the liveness's slot, borrowed (always set)
+  return slot_at(f->liveness, liveness_slots[static_cast<int>(name)]);
 }
 
 // A Python int, a new reference. Core ids (tensor, storage, op) and the mode's counters are small, and an
@@ -554,12 +575,12 @@ int live_version(FastPath* f, PyObject* x, long* version, int* storage) {
   const at::Tensor& t = THPVariable_Unpack(x);
   Ref cdata(PyLong_FromVoidPtr(t.storage().unsafeGetStorageImpl()));
   if (!cdata) return -1;
-  PyObject* v = PyDict_GetItemWithError(mget(f, S::version), cdata.get());
+  PyObject* v = PyDict_GetItemWithError(tget(f, T::version), cdata.get());
   if (v == nullptr) return PyErr_Occurred() ? -1 : 0;
   long tv = PyLong_AsLong(v);
   int s = storage_of(f, tv);
   if (s < 0) return -1;
-  PyObject* b = phys_of(f, mget(f, S::phys), s);
+  PyObject* b = phys_of(f, tget(f, T::phys), s);
   if (b == nullptr) return -1;
   int dead = buf_dead(b);
   if (dead != 0) return dead < 0 ? -1 : 0;
@@ -595,16 +616,16 @@ int written_version(FastPath* f, PyObject* x, long* out) {
   return 1;
 }
 
-// DTRMode._release for an activation the program dropped.
+// Liveness.release for an activation the program dropped.
 bool release(FastPath* f, PyObject* h) {
-  PyObject* alive = mget(f, S::alive);
+  PyObject* alive = tget(f, T::alive);
   Ref t = borrowed(PyDict_GetItemWithError(alive, h));
   if (!t || PyDict_DelItem(alive, h) < 0) return false;
-  PyObject* cdata_of = mget(f, S::cdata_of);
+  PyObject* cdata_of = tget(f, T::cdata_of);
   Ref cdata = borrowed(PyDict_GetItemWithError(cdata_of, t.get()));
   if (cdata) {
     if (PyDict_DelItem(cdata_of, t.get()) < 0) return false;
-    PyObject* version = mget(f, S::version);
+    PyObject* version = tget(f, T::version);
     PyObject* cur = PyDict_GetItemWithError(version, cdata.get());
     if (cur != nullptr) {
       int eq = PyObject_RichCompareBool(cur, t.get(), Py_EQ);
@@ -628,7 +649,7 @@ bool release(FastPath* f, PyObject* h) {
     if (refs < 0) return false;
     if (refs == 0) {  // kept for an evicted dependent
       Ref key(cached_int(s));
-      PyObject* b = PyDict_GetItemWithError(mget(f, S::phys), key.get());
+      PyObject* b = PyDict_GetItemWithError(tget(f, T::phys), key.get());
       if (b == nullptr && PyErr_Occurred()) return false;
       if (b == nullptr || buf_gone(b)) {  // but its memory is gone: it must be recomputed
         if (api->forget(f->c, s) < 0) return false;
@@ -654,10 +675,10 @@ int handle_dead(FastPath* f, PyObject* alive, PyObject* phys, PyObject* h, bool*
   return 1;
 }
 
-// DTRMode.poll(handles) over the last ops' handles; what it cannot settle alone goes to the reference.
+// Liveness.poll(ops, handles) over the last ops' handles; what it cannot settle alone goes to the reference.
 bool poll_recent(FastPath* f, PyObject* recent, Scratch& scratch) {
   // Each handle once, in order (the reference's dict.fromkeys). Equal handles are one object: each is made
-  // once (_new_handle) and only ever copied (mode.py's Note [Handles]).
+  // once (StorageTable.new_handle) and only ever copied (mode.py's Note [Handles]).
   std::vector<PyObject*>& handles = scratch.handles;
   Py_ssize_t n = PyList_GET_SIZE(recent);
   for (Py_ssize_t i = 0; i < n; ++i) {
@@ -668,8 +689,8 @@ bool poll_recent(FastPath* f, PyObject* recent, Scratch& scratch) {
       if (std::find(handles.begin(), handles.end(), h) == handles.end()) handles.push_back(h);
     }
   }
-  PyObject* alive = mget(f, S::alive);
-  PyObject* phys = mget(f, S::phys);
+  PyObject* alive = tget(f, T::alive);
+  PyObject* phys = tget(f, T::phys);
   std::vector<PyObject*>& dead = scratch.dead;
   bool constant = false;
   for (PyObject* h : handles) {
@@ -695,13 +716,13 @@ bool poll_recent(FastPath* f, PyObject* recent, Scratch& scratch) {
   return true;
 }
 
-// DTRMode.poll(): the scheduled full poll, over every live handle. As in poll_recent, dead activations are
+// Liveness.poll(ops): the scheduled full poll, over every live handle. As in poll_recent, dead activations are
 // released here; a dead constant sends the whole poll to the reference (it protects, keeps or releases).
 bool poll_full(FastPath* f, Scratch& scratch) {
-  Ref r(PyObject_CallMethodNoArgs(f->mode, names._schedule_full_poll));
+  Ref r(PyObject_CallMethodOneArg(f->liveness, names.schedule, mget(f, S::ops_seen)));
   if (!r) return false;
-  PyObject* alive = mget(f, S::alive);
-  PyObject* phys = mget(f, S::phys);
+  PyObject* alive = tget(f, T::alive);
+  PyObject* phys = tget(f, T::phys);
   std::vector<PyObject*>& dead = scratch.dead;  // borrowed from alive until the releases start
   Py_ssize_t pos = 0;
   PyObject *h, *t;
@@ -731,10 +752,15 @@ bool poll_full(FastPath* f, Scratch& scratch) {
   return true;
 }
 
-PyObject* new_handle(FastPath* f) {  // DTRMode._new_handle (mode.py's Note [Handles])
-  long n = mget_long(f, S::_next_handle) + 1;
-  if (n <= 0 || !mset_long(f, S::_next_handle, n)) return nullptr;
-  return cached_int(n);
+PyObject* new_handle(FastPath* f) {  // StorageTable.new_handle (mode.py's Note [Handles])
+  PyObject*& slot = slot_at(f->table, table_slots[static_cast<int>(T::_next_handle)]);
+  long n = PyLong_AsLong(slot) + 1;
+  if (n <= 0) return nullptr;
+  PyObject* o = cached_int(n);
+  if (o == nullptr) return nullptr;
+  Py_INCREF(o);
+  Py_SETREF(slot, o);
+  return o;
 }
 
 // A Slot(tensor, offset, size, stride, dtype) (a NamedTuple: a tuple of its class).
@@ -910,11 +936,11 @@ PyObject* commit(FastPath* f, PyObject* func, const OpInfo* info, Entry* e, Scra
   if (n_outs < 0) return nullptr;
   std::vector<long>& new_tensors = scratch.new_tensors;
   for (size_t k = 0; k < e->sizes.size(); ++k) new_tensors.push_back(outs[k]);
-  PyObject* version = mget(f, S::version);
-  PyObject* cdata_of = mget(f, S::cdata_of);
-  PyObject* phys = mget(f, S::phys);
-  PyObject* handle = mget(f, S::handle);
-  PyObject* alive = mget(f, S::alive);
+  PyObject* version = tget(f, T::version);
+  PyObject* cdata_of = tget(f, T::cdata_of);
+  PyObject* phys = tget(f, T::phys);
+  PyObject* handle = tget(f, T::handle);
+  PyObject* alive = tget(f, T::alive);
   Ref out_slots(PyTuple_New(static_cast<Py_ssize_t>(e->owning.size())));
   if (!out_slots) return nullptr;
   std::vector<Ref> out_handles;  // (the new tensors' handles, in order)
@@ -972,7 +998,7 @@ PyObject* commit(FastPath* f, PyObject* func, const OpInfo* info, Entry* e, Scra
     c10::StorageImpl* impl = wt.storage().unsafeGetStorageImpl();
     int old_st = storage_of(f, written), new_st = storage_of(f, new_version);
     if (old_st < 0 || new_st < 0) return nullptr;
-    // The old version loses its buffer to the new one (mode.py's Note [Versions]).
+    // The old version loses its buffer to the new one (recompute.py's Note [Versions]).
     Ref empty(new_empty_owned_buf(wt.device())), buf(new_weak_buf(impl));
     Ref old_sk(cached_int(old_st)), new_sk(cached_int(new_st)), cdata(PyLong_FromVoidPtr(impl));
     Ref old_k(cached_int(written)), new_k(cached_int(new_version));
@@ -1036,9 +1062,9 @@ PyObject* commit(FastPath* f, PyObject* func, const OpInfo* info, Entry* e, Scra
     if (!hs) return nullptr;
     for (const Ref& h : out_handles)
       if (PyList_Append(hs.get(), h.get()) < 0) return nullptr;
-    PyObject* recent = mget(f, S::_recent_ops);
-    if (recent == nullptr || !PyList_CheckExact(recent)) {
-      PyErr_SetString(PyExc_TypeError, "dtr internal error: the mode's _recent_ops is not a list; please report this");
+    PyObject* recent = lget(f, L::recent);  // (Liveness.saw)
+    if (!PyList_CheckExact(recent)) {
+      PyErr_SetString(PyExc_TypeError, "dtr internal error: the liveness's recent is not a list; please report this");
       return nullptr;
     }
     Py_ssize_t n = PyList_GET_SIZE(recent);
@@ -1102,17 +1128,17 @@ PyObject* commit(FastPath* f, PyObject* func, const OpInfo* info, Entry* e, Scra
     untrack(PyTuple_GET_ITEM(recipe, 1));
     untrack(PyTuple_GET_ITEM(recipe, 3));
     Ref opk(cached_int(op));
-    if (!opk || PyDict_SetItem(mget(f, S::recipes), opk.get(), recipe) < 0) return nullptr;
+    if (!opk || PyDict_SetItem(recipes_of(f), opk.get(), recipe) < 0) return nullptr;
   }
   if (written >= 0) {  // version chains (mode.py's Note [Version chains]): pinned at _MAX_VERSIONS
-    Ref versions(PyObject_GetAttr(f->mode, names.versions));
+    PyObject* versions = tget(f, T::versions);  // (StorageTable.write's count)
     Ref old_k(cached_int(written)), new_k(cached_int(new_version));
-    if (!versions || !old_k || !new_k) return nullptr;
-    Ref prev(PyObject_CallMethod(versions.get(), "pop", "OO", old_k.get(), Py_False));
+    if (!old_k || !new_k) return nullptr;
+    Ref prev(PyObject_CallMethod(versions, "pop", "OO", old_k.get(), Py_False));
     if (!prev) return nullptr;
     long n = PyLong_AsLong(prev.get()) + 1;
     Ref nk(PyLong_FromLong(n));
-    if (!nk || PyDict_SetItem(versions.get(), new_k.get(), nk.get()) < 0) return nullptr;
+    if (!nk || PyDict_SetItem(versions, new_k.get(), nk.get()) < 0) return nullptr;
     if (n >= env.max_versions) {
       if (recorder != nullptr && recorder != Py_None) {
         PyObject* h = PyDict_GetItemWithError(handle, new_k.get());
@@ -1247,8 +1273,8 @@ PyObject* fast_call(FastPath* f, PyObject* func, PyObject* types, PyObject* args
   int64_t need = api->memory(f->c) + e->total;
   int64_t budget = api->budget(f->c);
   bool full = false;
-  if (ops_seen >= mget_long(f, S::_next_full_poll)) {
-    PyObject* on_schedule = mget(f, S::_poll_on_schedule);
+  if (ops_seen >= PyLong_AsLong(lget(f, L::next_full_poll))) {  // Liveness.due
+    PyObject* on_schedule = lget(f, L::on_schedule);
     if (on_schedule == Py_True) {
       full = true;
     } else {
@@ -1266,8 +1292,8 @@ PyObject* fast_call(FastPath* f, PyObject* func, PyObject* types, PyObject* args
   if (full) {
     if (!poll_full(f, scratch)) return nullptr;
   } else {
-    PyObject* recent = mget(f, S::_recent_ops);
-    if (recent != nullptr && PyList_GET_SIZE(recent) > 0 && !poll_recent(f, recent, scratch)) return nullptr;
+    PyObject* recent = lget(f, L::recent);
+    if (PyList_GET_SIZE(recent) > 0 && !poll_recent(f, recent, scratch)) return nullptr;
   }
   if (PyErr_Occurred()) return nullptr;
   Ref rng = borrowed(Py_None);
@@ -1581,6 +1607,17 @@ int FastPath_init(PyObject* self, PyObject* args, PyObject* kwargs) {
     return -1;
   }
   Py_INCREF(mode); f->mode = mode;
+  for (auto [slot, type, out, what] : {std::make_tuple(S::table, table_type, &f->table, "table must be a StorageTable"),
+                                       std::make_tuple(S::liveness, liveness_type, &f->liveness,
+                                                       "liveness must be a Liveness")}) {
+    PyObject* o = mget(f, slot);
+    if (o == nullptr || !PyObject_TypeCheck(o, type)) {
+      PyErr_Format(PyExc_TypeError, "FastPath(mode, ...): mode.%s", what);
+      return -1;
+    }
+    Py_INCREF(o);
+    *out = o;
+  }
   Py_INCREF(fallback); f->fallback = fallback;
   Ref facade(PyObject_GetAttr(mode, names.core));
   if (!facade) return -1;
@@ -1608,13 +1645,13 @@ int FastPath_init(PyObject* self, PyObject* args, PyObject* kwargs) {
 }
 
 void FastPath_clear_refs(FastPath* f) {
-  Py_CLEAR(f->mode); Py_CLEAR(f->fallback); Py_CLEAR(f->core); Py_CLEAR(f->cost_model);
+  Py_CLEAR(f->mode); Py_CLEAR(f->table); Py_CLEAR(f->liveness); Py_CLEAR(f->fallback); Py_CLEAR(f->core); Py_CLEAR(f->cost_model);
   Py_CLEAR(f->device_name);
 }
 
 int FastPath_traverse(PyObject* self, visitproc visit, void* arg) {
   FastPath* f = reinterpret_cast<FastPath*>(self);
-  Py_VISIT(f->mode); Py_VISIT(f->fallback); Py_VISIT(f->core); Py_VISIT(f->cost_model);
+  Py_VISIT(f->mode); Py_VISIT(f->table); Py_VISIT(f->liveness); Py_VISIT(f->fallback); Py_VISIT(f->core); Py_VISIT(f->cost_model);
   return 0;
 }
 
@@ -1658,7 +1695,7 @@ PyObject* FastPath_counts(PyObject* self, void*) {
 int on_evict(FastPath* f, int s) {
   Ref key(cached_int(s));
   if (!key) return -1;
-  PyObject* b = PyDict_GetItemWithError(mget(f, S::phys), key.get());
+  PyObject* b = PyDict_GetItemWithError(tget(f, T::phys), key.get());
   if (b == nullptr && PyErr_Occurred()) return -1;
   if (b == nullptr || buf_gone(b)) {
     int64_t refs = api->storage_refs(f->c, s);
@@ -1718,13 +1755,13 @@ PyObject* constant(FastPath* f, PyObject* st) {
   Ref cdata(PyLong_FromVoidPtr(impl)), tk(cached_int(t)), sk(cached_int(s));
   Ref buf(new_shared_buf(st));
   if (!cdata || !tk || !sk || !buf) return nullptr;
-  if (PyDict_SetItem(mget(f, S::version), cdata.get(), tk.get()) < 0 ||
-      PyDict_SetItem(mget(f, S::cdata_of), tk.get(), cdata.get()) < 0 ||
-      PyDict_SetItem(mget(f, S::phys), sk.get(), buf.get()) < 0)
+  if (PyDict_SetItem(tget(f, T::version), cdata.get(), tk.get()) < 0 ||
+      PyDict_SetItem(tget(f, T::cdata_of), tk.get(), cdata.get()) < 0 ||
+      PyDict_SetItem(tget(f, T::phys), sk.get(), buf.get()) < 0)
     return nullptr;
   Ref h(new_handle(f));
-  if (!h || PyDict_SetItem(mget(f, S::handle), tk.get(), h.get()) < 0 ||
-      PyDict_SetItem(mget(f, S::alive), h.get(), tk.get()) < 0)
+  if (!h || PyDict_SetItem(tget(f, T::handle), tk.get(), h.get()) < 0 ||
+      PyDict_SetItem(tget(f, T::alive), h.get(), tk.get()) < 0)
     return nullptr;
   PyObject* recorder = mget(f, S::recorder);
   if (recorder != nullptr && recorder != Py_None) {
@@ -1748,8 +1785,8 @@ PyObject* FastPath_constant(PyObject* self, PyObject* st) {
 // DTRMode._carried(): each resident storage the program still holds, once, in a buffer holding it weakly.
 PyObject* FastPath_carried(PyObject* self, PyObject*) {
   FastPath* f = reinterpret_cast<FastPath*>(self);
-  PyObject* alive = mget(f, S::alive);
-  PyObject* phys = mget(f, S::phys);
+  PyObject* alive = tget(f, T::alive);
+  PyObject* phys = tget(f, T::phys);
   if (alive == nullptr || phys == nullptr) {
     if (!PyErr_Occurred()) PyErr_SetString(PyExc_AttributeError, "the mode has no alive/phys tables");
     return nullptr;
@@ -1791,7 +1828,7 @@ PyObject* FastPath_on_pin(PyObject* self, PyObject* const* args, Py_ssize_t n) {
     PyErr_SetString(PyExc_TypeError, "on_pin(storage)");
     return nullptr;
   }
-  PyObject* phys = mget(f, S::phys);
+  PyObject* phys = tget(f, T::phys);
   PyObject* b = phys ? PyDict_GetItemWithError(phys, args[0]) : nullptr;
   if (b == nullptr) {
     if (PyErr_Occurred()) return nullptr;
@@ -1800,7 +1837,7 @@ PyObject* FastPath_on_pin(PyObject* self, PyObject* const* args, Py_ssize_t n) {
   PyObject* weak = slot_at(b, env.buf_weak);
   if (weak == nullptr || weak == Py_None) Py_RETURN_NONE;
   c10::StorageImpl* locked = c10::raw::weak_intrusive_ptr::lock(weak_ptr(weak));
-  if (locked == nullptr) Py_RETURN_NONE;  // (gone: _Buf.get() is None)
+  if (locked == nullptr) Py_RETURN_NONE;  // (gone: Buf.get() is None)
   try {
     Ref st(THPStorage_Wrap(c10::Storage(c10::intrusive_ptr<c10::StorageImpl>::reclaim(locked))));
     Ref strong(st ? new_shared_buf(st.get()) : nullptr);
@@ -1816,7 +1853,7 @@ PyMethodDef FastPath_methods[] = {
     {"constant", FastPath_constant, METH_O,
      "constant(storage) -> core tensor: DTRMode._constant on this path (a storage from before the block)."},
     {"carried", FastPath_carried, METH_NOARGS,
-     "carried() -> [_Buf]: DTRMode._carried on this path (what the next block on the device counts)."},
+     "carried() -> [Buf]: DTRMode._carried on this path (what the next block on the device counts)."},
     {"on_pin", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(FastPath_on_pin)), METH_FASTCALL,
      "The core's on_pin hook while this path runs (DTRMode._on_pin's steps)."},
     {"on_compute", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(FastPath_on_compute)), METH_FASTCALL,
@@ -1864,6 +1901,28 @@ PyObject* configure(PyObject*, PyObject* kwargs_dict) {
       return nullptr;
     }
   }
+  PyObject* recomputer_cls = item("Recomputer");
+  if (recomputer_cls == nullptr || !PyType_Check(recomputer_cls)) return nullptr;
+  if ((recipes_slot = slot_offset(reinterpret_cast<PyTypeObject*>(recomputer_cls), "recipes")) < 0) {
+    PyErr_SetString(PyExc_TypeError, "configure: Recomputer must have the slot recipes");
+    return nullptr;
+  }
+  auto find_slots = [&](const char* what, PyTypeObject** type, const char* const* names_, Py_ssize_t* offsets,
+                        int n) {
+    PyObject* cls = item(what);
+    if (cls == nullptr || !PyType_Check(cls)) return false;
+    *type = reinterpret_cast<PyTypeObject*>(cls);
+    for (int i = 0; i < n; ++i) {
+      if ((offsets[i] = slot_offset(*type, names_[i])) < 0) {
+        PyErr_Format(PyExc_TypeError, "configure: %s must have the slot %s", what, names_[i]);
+        return false;
+      }
+    }
+    return true;
+  };
+  if (!find_slots("Table", &table_type, kTableSlotNames, table_slots, static_cast<int>(T::count)) ||
+      !find_slots("Liveness", &liveness_type, kLivenessSlotNames, liveness_slots, static_cast<int>(L::count)))
+    return nullptr;
   if (!(env.slot_type = item("Slot")) || !(env.recipe_type = item("Recipe")) ||
       !(env.wall_timer = item("WallTimer")) ||
       !(env.thrashing_error = item("ThrashingError")) || !(env.translated = item("TRANSLATED")) ||
@@ -1896,9 +1955,9 @@ PyObject* configure(PyObject*, PyObject* kwargs_dict) {
   Py_RETURN_NONE;
 }
 
-PyObject* buf_dead_py(PyObject*, PyObject* b) {  // for tests: this module's reading of _Buf.dead()
+PyObject* buf_dead_py(PyObject*, PyObject* b) {  // for tests: this module's reading of Buf.dead()
   if (!env.ready || !PyObject_TypeCheck(b, env.buf_type)) {
-    PyErr_SetString(PyExc_TypeError, "buf_dead(_Buf) after configure()");
+    PyErr_SetString(PyExc_TypeError, "buf_dead(Buf) after configure()");
     return nullptr;
   }
   int d = buf_dead(b);
@@ -1953,7 +2012,7 @@ PyObject* key_active(PyObject*, PyObject*) {
 
 PyMethodDef module_methods[] = {
     {"configure", configure, METH_O, "configure(env): the reference's classes and helpers (dtr/runtime/native.py)."},
-    {"buf_dead", buf_dead_py, METH_O, "buf_dead(buf): _Buf.dead() as this module reads it."},
+    {"buf_dead", buf_dead_py, METH_O, "buf_dead(buf): Buf.dead() as this module reads it."},
     {"clear_cache", clear_cache, METH_NOARGS, "Forget every cached signature and op."},
     {"key_enter", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(key_enter)), METH_FASTCALL,
      "key_enter(fastpath, reference): take the dispatch key for this block; False if another block has it."},

@@ -183,6 +183,15 @@ class Budget:
             "ops": self._mode.ops_seen,
         }
 
+    def _check(self) -> None:
+        """Assert the running block's invariants (DTRMode._check): tests call it between ops. O(its tables).
+
+        Raises:
+            AssertionError: one does not hold (a bug in dtr).
+        """
+        if self._core is not None and self._mode is not None:
+            self._mode._check()
+
     def __enter__(self) -> "Budget":
         if self._mode is not None:
             raise RuntimeError("a dtr.budget cannot be entered twice; create a new one")
@@ -246,10 +255,8 @@ class Budget:
             core.set_hooks()
             mode.detach_native()
             # Drop dtr's references: recipes, buffers, the core.
-            mode.recipes.clear()
-            mode.phys.clear()
-            mode.version.clear()
-            mode.alive.clear()
+            mode.recomputer.recipes.clear()
+            mode.table.clear()
             self._core = None
         return None
 

@@ -83,7 +83,7 @@ def may_write(func: torch._ops.OpOverload) -> bool:
 
 # Ops that write every element of ``self`` without reading it (fills and
 # in-place samplers): recomputing one needs no copy of the old value when its
-# ``self`` covers its whole storage (see Note [Adopting recomputed bytes] in mode.py).
+# ``self`` covers its whole storage (see Note [Adopting recomputed bytes] in recompute.py).
 _OVERWRITE_SELF = frozenset(f"aten::{n}" for n in (
     "bernoulli_", "uniform_", "normal_", "random_", "exponential_", "geometric_", "cauchy_", "log_normal_",
     "fill_", "zero_", "copy_"))

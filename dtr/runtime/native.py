@@ -53,13 +53,15 @@ def _load() -> Optional[ModuleType]:
         return None
     from dtr import core
     from dtr.errors import ThrashingError
-    from dtr.runtime import effects, mode, timing
+    from dtr.runtime import effects, liveness, mode, prediction, recompute, storage_table, timing
     _native.configure({
-        "Mode": mode.DTRMode, "Buf": mode._Buf, "Slot": mode.Slot, "Recipe": mode.Recipe, "WallTimer": timing.WallTimer,
+        "Mode": mode.DTRMode, "Table": storage_table.StorageTable, "Buf": storage_table.Buf,
+        "Liveness": liveness.Liveness, "Recomputer": recompute.Recomputer, "Slot": recompute.Slot,
+        "Recipe": recompute.Recipe, "WallTimer": timing.WallTimer,
         "ThrashingError": ThrashingError, "TRANSLATED": core._TRANSLATED,
-        "rng_capture": mode._rng_capture, "size_warning": mode._size_warning, "op_info": mode._native_op_info,
-        "effects": effects, "RECENT_OPS": mode._RECENT_OPS, "GC_MIN_OPS": mode._GC_MIN_OPS,
-        "MAX_PREDICTIONS": mode._MAX_PREDICTIONS, "MAX_VERSIONS": mode._MAX_VERSIONS,
+        "rng_capture": recompute.rng_capture, "size_warning": mode._size_warning, "op_info": mode._native_op_info,
+        "effects": effects, "RECENT_OPS": liveness.RECENT_OPS, "GC_MIN_OPS": mode._GC_MIN_OPS,
+        "MAX_PREDICTIONS": prediction.MAX_PREDICTIONS, "MAX_VERSIONS": mode._MAX_VERSIONS,
     })
     return _native
 

@@ -1,0 +1,101 @@
+"""Output sizes before an op allocates: one meta run per op signature, cached for the process.
+
+See Note [Sizes before allocation]. The native per-op path keeps its own
+index of these predictions by layout (csrc/native/fastpath.cpp), filled from
+this cache on a signature's first sight.
+"""
+from __future__ import annotations
+
+from typing import Any, Dict, List, NamedTuple, Optional
+
+import torch
+
+from dtr.runtime.pytree import tree_flatten, tree_unflatten
+from dtr.runtime.storage_table import opaque
+
+__all__ = ["MAX_PREDICTIONS", "PREDICTIONS", "Prediction", "PredictionCache"]
+
+MAX_PREDICTIONS = 1 << 16  # entries: a bound for programs with ever-new shapes
+# Tensor.untyped_storage unwrapped: a block wraps the public method (Note [Escaped memory] in escapes.py).
+_storage = torch._C.TensorBase.untyped_storage
+
+
+class Prediction(NamedTuple):
+    """What an op will allocate, from its meta run."""
+
+    sizes: Optional[List[int]]   # bytes of each output that owns a new storage (None: unknown)
+    owning: Optional[List[int]]  # their positions among the flattened outputs
+    metas: List[torch.Tensor]    # the meta outputs (shapes for cost estimates)
+
+
+# Note [Sizes before allocation]
+# The core makes room *before* an op allocates, so output sizes are needed in
+# advance: the op runs once on meta tensors and the result is cached by op and
+# input shapes/strides/dtypes, so a training loop pays for it once: the cache is
+# process-wide, shared by every block (with one block per training step, a
+# cache per block reran every op on meta tensors each step: 15-25% of a small
+# CNN's step). An op without a meta kernel, or whose output sizes depend on
+# its data, is cached as unknown (``sizes`` None): it is accounted for after
+# it ran. Past MAX_PREDICTIONS entries the cache starts over.
+class PredictionCache:
+    """Predictions by op signature, bounded (see Note [Sizes before allocation])."""
+
+    __slots__ = ("_entries", "limit")
+
+    def __init__(self, limit: int = MAX_PREDICTIONS) -> None:
+        self._entries: Dict[Any, Prediction] = {}
+        self.limit = limit
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def clear(self) -> None:
+        self._entries.clear()
+
+    def _put(self, sig: Any, pred: Prediction) -> Prediction:
+        if len(self._entries) >= self.limit:
+            self._entries.clear()
+        self._entries[sig] = pred
+        return pred
+
+    def of_op(self, func: Any, leaves: List[Any], spec: Any, sig: Any) -> Prediction:
+        """The prediction for ``func`` on flattened arguments ``leaves`` (signature ``sig``): O(1) once cached.
+
+        Its outputs own a new storage unless they are an input or view one.
+        """
+        pred = self._entries.get(sig)
+        if pred is not None:
+            return pred
+        try:
+            meta = [torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device="meta")
+                    if isinstance(x, torch.Tensor) else x for x in leaves]
+            margs, mkwargs = tree_unflatten(meta, spec)
+            mout = tree_flatten(func(*margs, **mkwargs))[0]
+            metas = {id(x) for x in meta if isinstance(x, torch.Tensor)}
+            in_storages = {_storage(x)._cdata for x in meta if isinstance(x, torch.Tensor)}
+            owning, sizes = [], []
+            for i, o in enumerate(mout):
+                if isinstance(o, torch.Tensor) and id(o) not in metas and \
+                        _storage(o)._cdata not in in_storages:
+                    owning.append(i)
+                    sizes.append(_storage(o).nbytes())
+            pred = Prediction(sizes, owning, [o for o in mout if isinstance(o, torch.Tensor)])
+        except Exception:  # data-dependent or without a meta kernel: sizes known only after running
+            pred = Prediction(None, None, [])
+        return self._put(sig, pred)
+
+    def of_factory(self, func: Any, args: Any, kwargs: Dict[str, Any], sig: Any) -> Prediction:
+        """The prediction for factory ``func`` (signature ``sig``), run on the meta device instead of its own."""
+        pred = self._entries.get(sig)
+        if pred is not None:
+            return pred
+        try:
+            mout = tree_flatten(func(*args, **dict(kwargs, device=torch.device("meta"))))[0]
+            owning = [i for i, o in enumerate(mout) if isinstance(o, torch.Tensor) and o.is_meta and not opaque(o)]
+            pred = Prediction([_storage(mout[i]).nbytes() for i in owning], owning, [mout[i] for i in owning])
+        except Exception:  # no meta kernel, or an argument the meta device refuses (pin_memory)
+            pred = Prediction(None, None, [])
+        return self._put(sig, pred)
+
+
+PREDICTIONS = PredictionCache()  # shared by every block: see Note [Sizes before allocation]

@@ -1,0 +1,330 @@
+"""Recipes and recomputation: what it takes to run a recorded op again, and running it.
+
+The runtime records a Recipe for each op that produced or wrote a storage
+(DTRMode._commit, or the native path's commit); when the core decides to
+recompute an op (its on_compute hook), the Recomputer runs that recipe again
+over the storage versions it first read, and puts the results into the
+versions' storages, which every tensor object of the program already views
+(Note [Evicting storages in place] in mode.py). The recipes, keyed by core
+op, are the Recomputer's: it renumbers them at compaction and drops those the
+core collected.
+"""
+from __future__ import annotations
+
+from typing import Any, Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple
+
+import torch
+
+from dtr.runtime.effects import overwrites_self
+from dtr.runtime.pytree import tree_flatten, tree_unflatten
+from dtr.runtime.storage_table import Buf, StorageTable, opaque
+
+__all__ = ["Recipe", "Recomputer", "RngStates", "Slot", "default_generator", "rng_capture", "rng_state",
+           "set_rng_state", "slot_of"]
+
+# Tensor.untyped_storage unwrapped: a block wraps the public method (Note [Escaped memory] in escapes.py).
+_storage = torch._C.TensorBase.untyped_storage
+_SWAP = hasattr(torch.UntypedStorage, "_swap_data_ptr_")  # see Note [Adopting recomputed bytes]
+
+# Note [Versions]
+# The core sees one tensor per *version* of a physical storage. A view is not
+# a new core tensor (it shares the storage, so it comes back with it). An
+# in-place op creates a new version that takes over the buffer; the old version
+# loses its bytes but stays recomputable into a fresh buffer if something
+# evicted still needs the old value. Recorded ops refer to their inputs by
+# version (a Slot), never by the tensor object, so a recomputation always reads
+# the value the op originally read.
+class Slot(NamedTuple):
+    """A tensor argument or output of a recorded op: a view of one storage version."""
+
+    tensor: int            # core tensor (storage version)
+    offset: int
+    size: Tuple[int, ...]
+    stride: Tuple[int, ...]
+    dtype: torch.dtype
+
+
+class Recipe(NamedTuple):
+    """What it takes to run a recorded op again (see Note [Recipes and the cyclic GC])."""
+
+    func: Any
+    leaves: Tuple[Any, ...]  # flattened (args, kwargs), tensors replaced by Slots
+    spec: Any
+    outputs: Tuple[Tuple[int, Slot], ...]     # (flat output position, slot) of outputs that own a storage
+    writes: Tuple[Tuple[int, int, int], ...]  # (leaf position, old version, new version or -1 for a constant)
+    rng: Optional[Tuple[Tuple[torch.Generator, torch.Tensor], ...]]  # (generator, state before the op)
+
+
+# Note [Recipes and the cyclic GC]
+# Recipes are the runtime's long-lived objects, one per op, and every container
+# object that outlives a few ops makes Python's cyclic GC run more often and
+# traverse more (no recipe is ever part of a cycle). So a recipe and its flatten
+# spec hold tuples, never lists: the GC stops tracking a plain tuple of atoms
+# (a spec, an op's empty writes are the shared ``()``), while it always
+# tracks a list. On a chain of 9000 small ops (h = tanh(h @ w) * 0.5, 64x64,
+# under budget(None)) the GC's share of the runtime's overhead went from about
+# 6.6 to 3.2 us per op.
+
+
+def _numel(size: Tuple[int, ...]) -> int:
+    n = 1
+    for d in size:
+        n *= d
+    return n
+
+
+def _contiguous(size: Tuple[int, ...], stride: Tuple[int, ...]) -> bool:
+    """``Tensor.is_contiguous()`` from a shape and strides (dimensions of size 1 may have any stride)."""
+    expected = 1
+    for d, st in zip(reversed(size), reversed(stride)):
+        if d == 0:
+            return True
+        if d != 1 and st != expected:
+            return False
+        expected *= d
+    return True
+
+
+def slot_of(t: int, x: torch.Tensor) -> Slot:
+    """The Slot of tensor ``x``, a view of core tensor ``t``."""
+    # (storage_offset() is typed int | SymInt; it is never symbolic here: dtr sees concrete tensors)
+    return Slot(t, x.storage_offset(), tuple(x.shape), tuple(x.stride()), x.dtype)  # type: ignore[arg-type]
+
+
+class Recomputer:
+    """Holds the recipes and runs them again when the core recomputes (see the module's docstring).
+
+    The native per-op path stores its recipes in ``recipes`` too (a slot it
+    reads at a fixed offset, like the mode's: Note [The mode's slots] in mode.py).
+    """
+
+    __slots__ = ("core", "table", "recipes", "device")
+
+    def __init__(self, core: Any, table: StorageTable) -> None:
+        self.core = core
+        self.table = table
+        self.recipes: Dict[int, Recipe] = {}  # core op -> recipe
+        self.device: Optional[torch.device] = None  # where dtr allocates its own buffers (the block's device)
+
+    def collected(self, ops: Iterable[int]) -> None:
+        """The core collected ``ops``: they never run again. O(len(ops))."""
+        for op in ops:
+            self.recipes.pop(op, None)
+
+    def renumber(self, ops: Sequence[int], tensors: Sequence[int]) -> None:
+        """Follow a core compaction (new ids, -1 if dropped); a recipe's op can still run, so all it names is kept."""
+        def slot(x: Any) -> Any:
+            return x._replace(tensor=tensors[x.tensor]) if isinstance(x, Slot) else x
+
+        self.recipes = {ops[op]: r._replace(leaves=tuple([slot(x) for x in r.leaves]),
+                                            outputs=tuple([(pos, slot(x)) for pos, x in r.outputs]),
+                                            writes=tuple([(pos, tensors[old], new if new < 0 else tensors[new])
+                                                          for pos, old, new in r.writes]))
+                        for op, r in self.recipes.items()}
+
+    def _check(self) -> None:
+        """Assert that every recipe names a core op and core tensors. O(recipes).
+
+        Raises:
+            AssertionError: one does not (a bug in the runtime).
+        """
+        n_ops, n_tensors = self.core.num_ops, self.core.num_tensors
+        for op, r in self.recipes.items():
+            assert 0 <= op < n_ops, f"a recipe for op {op}, not a core op"
+            slots = [x for x in r.leaves if isinstance(x, Slot)] + [x for _, x in r.outputs]
+            assert all(0 <= x.tensor < n_tensors for x in slots), f"op {op}'s recipe names a tensor not in the core"
+            assert all(0 <= old < n_tensors and new < n_tensors for _, old, new in r.writes), \
+                f"op {op}'s recipe writes a tensor not in the core"
+
+    def view(self, slot: Slot) -> torch.Tensor:
+        """A tensor over ``slot``'s storage version (which must have its buffer), as the op saw it."""
+        st = self.table.phys[self.core.storage_of(slot.tensor)].live()
+        return torch.empty(0, dtype=slot.dtype, device=st.device).set_(st, slot.offset, slot.size, slot.stride)
+
+    def refill(self, t: int) -> torch.UntypedStorage:
+        """The storage of version t, with its bytes allocated (dtr's own buffer if the program dropped it)."""
+        s = self.core.storage_of(t)
+        n = self.core.storage_size(s)
+        buf = self.table.phys.get(s)
+        st = buf.get() if buf is not None else None
+        # None: the program dropped it (see Note [Dropped buffers]), or the version is a banished one
+        # (collected: its buffer went with it) that an op recomputed for its other outputs writes anyway;
+        # the core frees it again as soon as the op ran.
+        if st is None:
+            st = torch.UntypedStorage(n, device=self.device)
+            self.table.phys[s] = Buf(st, owned=True, dropped=True)
+        elif st.nbytes() != n:
+            st.resize_(n)
+        return st
+
+    def run(self, op: int) -> None:
+        """Run recorded ``op`` again: the core's on_compute hook for a recomputation, its inputs resident.
+
+        Its outputs' bytes land in their versions' storages (adopted or copied),
+        an in-place write's old bytes are handed over or copied first, and a
+        random op replays the generator states it first saw (Note [Random ops]).
+
+        Raises:
+            whatever the op raises; an output whose write was handed over is evicted again.
+        """
+        r = self.recipes[op]
+        leaves = [self.view(x) if isinstance(x, Slot) else x for x in r.leaves]
+        moved = []  # storages holding bytes handed over to this op
+        for pos, old, new in r.writes:
+            if new < 0:  # a constant's side effect: run it on a copy and drop it
+                leaves[pos] = leaves[pos].clone()
+            elif self.core.handed(self.core.storage_of(old)):  # the old bytes become the new version's
+                leaves[pos] = self._hand_over(old, new, r.leaves[pos], self._overwrites_all(r, pos, new))
+                moved.append(_storage(leaves[pos]))
+            else:        # the new version starts as a copy of the old one (unless the op overwrites it all)
+                st = self.refill(new)
+                if not self._overwrites_all(r, pos, new):
+                    st.copy_(self.table.phys[self.core.storage_of(old)].live())
+                leaves[pos] = self.view(r.leaves[pos]._replace(tensor=new))
+        args, kwargs = tree_unflatten(leaves, r.spec)
+        if r.rng is not None:  # replay the random op with the generator state it first saw
+            saved = rng_state(r.rng)
+            set_rng_state(r.rng)
+        try:
+            out = r.func(*args, **kwargs)
+        except BaseException:
+            for st in moved:  # the new version stays evicted; the core evicts the old one too
+                st.resize_(0)
+            raise
+        finally:
+            if r.rng is not None:
+                set_rng_state(saved)
+        flat = tree_flatten(out)[0]
+        # A resident twin is dropped, and so is a banished sibling (the core frees it at once; it may be
+        # collected, its buffer gone): keeping its bytes would be memory the core does not count.
+        core = self.core
+        back = []
+        for pos, slot in r.outputs:
+            s = core.storage_of(slot.tensor)
+            if not core.resident(s) and not core.banished(s):
+                back.append((slot, flat[pos]))
+        # Adopt only fresh buffers, each once: never an input's (an op that aliased one this time).
+        srcs = {_storage(o)._cdata for _, o in back}
+        adopt = _SWAP and len(srcs) == len(back) and not any(
+            isinstance(x, torch.Tensor) and not opaque(x) and _storage(x)._cdata in srcs for x in leaves)
+        for slot, o in back:
+            if not (adopt and self._adopt(slot, o)):
+                self.refill(slot.tensor)
+                self.view(slot).copy_(o)
+
+    def _overwrites_all(self, r: Recipe, pos: int, new: int) -> bool:
+        """Whether the recipe's write at leaf ``pos`` replaces every byte of ``new``'s storage."""
+        x = r.leaves[pos]
+        n = self.core.storage_size(self.core.storage_of(new))
+        return pos == 0 and overwrites_self(r.func) and x.offset == 0 and \
+            _contiguous(x.size, x.stride) and _numel(x.size) * x.dtype.itemsize == n
+
+    def _hand_over(self, old: int, new: int, slot: Slot, overwrites_all: bool) -> torch.Tensor:
+        """Move the old version's bytes into the new version's storage; the view the op writes.
+
+        See the core's Note [Handing bytes over on recomputation]: nothing reads
+        the old version after this op, and the core evicts it once the op ran
+        (freeing nothing). O(1) with ``_swap_data_ptr_``; otherwise one copy,
+        after which the old buffer is freed at once, so that memory matches the
+        core's count before the op allocates.
+        """
+        core = self.core
+        src = self.table.phys[core.storage_of(old)].live()
+        s = core.storage_of(new)
+        n = core.storage_size(s)
+        buf = self.table.phys.get(s)
+        dst = buf.get() if buf is not None else None
+        if dst is None:  # the program dropped it (see Note [Dropped buffers])
+            dst = torch.UntypedStorage(0, device=self.device)
+            self.table.phys[s] = Buf(dst, owned=True, dropped=True)
+        if _SWAP and dst.nbytes() == 0 and src.nbytes() == n:
+            dst._swap_data_ptr_(src)  # type: ignore[attr-defined]  # (torch >= 2.12: see _SWAP)
+        else:
+            if dst.nbytes() != n:
+                dst.resize_(n)
+            if not overwrites_all:
+                dst.copy_(src)
+            src.resize_(0)
+        return self.view(slot._replace(tensor=new))
+
+    # Note [Adopting recomputed bytes]
+    # A recomputation runs the op as it first ran, so each output it brings back
+    # has the layout the evicted version had. Rather than refill the version's
+    # storage (resize_(n): fresh pages) and copy the new output into it (one more
+    # pass over the bytes), the runtime swaps the new output's buffer into the
+    # evicted storage (``UntypedStorage._swap_data_ptr_``: an evicted storage holds
+    # 0 bytes, so the swap is allowed) and drops the now empty output. On the GPT
+    # benchmark at 15% the copies and refills were 0.64 s of 1.42 s spent
+    # recomputing. A layout mismatch, two outputs sharing one buffer, or a torch
+    # without the method (2.11 has none) falls back to refill-and-copy, which holds
+    # the op's outputs twice for a moment: the real peak can pass the budget by
+    # them. Likewise a recomputed in-place op starts its new version as a copy of
+    # the old one only if it reads it: a fill or in-place sampler (dropout's
+    # bernoulli_) that covers its whole storage gets a fresh buffer
+    # (effects.overwrites_self).
+    def _adopt(self, slot: Slot, o: torch.Tensor) -> bool:
+        """Move the recomputed output's bytes into the version's storage; False if its layout differs.
+
+        See Note [Adopting recomputed bytes]. O(1): no copy, no allocation.
+        """
+        src = _storage(o)
+        s = self.core.storage_of(slot.tensor)
+        if src.nbytes() != self.core.storage_size(s) or o.storage_offset() != slot.offset \
+                or tuple(o.shape) != slot.size \
+                or tuple(o.stride()) != slot.stride or o.dtype != slot.dtype:
+            return False
+        st = self.table.phys[s].get()
+        if st is None:  # the program dropped it (see Note [Dropped buffers])
+            self.table.phys[s] = Buf(src, owned=True, dropped=True)
+        elif st.nbytes() == 0:
+            st._swap_data_ptr_(src)  # type: ignore[attr-defined]  # (torch >= 2.12: see _SWAP)
+        else:
+            return False
+        return True
+
+
+# Note [Random ops]
+# A recomputed random op must draw exactly what it drew the first time. An op
+# tagged nondeterministic_seeded draws from the torch.Generator passed to it
+# (generator=) or, without one, from the default generator of the device it
+# runs on (for a factory, the device it allocates on; CUDA's state is its
+# philox seed and offset). Just before the op first runs, the state of each
+# generator it may draw from is saved in its recipe; a recomputation sets
+# those states, runs the op, and puts back the states the program's
+# generators had, so neither the recomputed value nor the program's later
+# draws depend on when (or whether) dtr recomputed. Saving the state right
+# before each op makes torch.manual_seed, fork_rng and set_state between ops
+# (they are not dispatched) harmless, and a block's first op is no exception.
+# Every ATen op that takes a Generator carries the tag (checked by a test).
+
+def default_generator(device: torch.device) -> torch.Generator:
+    """The default generator of ``device`` (CPU's, or the accelerator's of that index)."""
+    if device.type == "cpu":
+        return torch.default_generator
+    module = getattr(torch, device.type)
+    if hasattr(module, "_lazy_init"):
+        module._lazy_init()
+    index = device.index if device.index is not None else module.current_device()
+    return module.default_generators[index]
+
+
+RngStates = Tuple[Tuple[torch.Generator, torch.Tensor], ...]  # (generator, its state) pairs
+
+
+def rng_capture(func: Any, leaves: List[Any], device: torch.device) -> RngStates:
+    """(generator, state) of each generator random op ``func`` may draw from, before it runs (Note [Random ops])."""
+    gens = [x for x in leaves if isinstance(x, torch.Generator)]
+    if not gens:
+        gens = [default_generator(device)]
+    return tuple([(g, g.get_state()) for g in gens])
+
+
+def rng_state(states: RngStates) -> RngStates:
+    """The current states of the generators in ``states``."""
+    return tuple([(g, g.get_state()) for g, _ in states])
+
+
+def set_rng_state(states: RngStates) -> None:
+    """Set each generator in ``states`` to its state there."""
+    for g, state in states:
+        g.set_state(state)

@@ -1,0 +1,206 @@
+"""The runtime's storage table: what each core id stands for in torch (buffers, storage addresses, handles).
+
+The core (dtr._C) knows tensors, storages and ops by number only. Everything
+the runtime keeps per core id about the program's torch objects lives in one
+:class:`StorageTable`: one owner for how those maps change together (a new
+tensor, an in-place version, a release, a collection, a renumbering) and for
+the invariants that tie them (``_check``). The native per-op path
+(csrc/native/fastpath.cpp) reads and writes the same maps through the table's
+slots, so both paths share one table.
+"""
+from __future__ import annotations
+
+import sys
+from typing import Any, Dict, Iterable, Optional, Sequence
+
+import torch
+
+__all__ = ["Buf", "StorageTable", "opaque"]
+
+_use_count = torch._C._storage_Use_Count
+_expired = torch.UntypedStorage._expired  # StorageWeakRef.expired() without its two Python frames
+_free_weak_ref = torch.UntypedStorage._free_weak_ref
+_refcount = sys.getrefcount
+
+
+def opaque(x: torch.Tensor) -> bool:
+    """Whether dtr leaves ``x`` alone: a layout other than strided, or a nested tensor (Note [Other layouts] in
+    mode.py); the table never holds such a tensor's memory."""
+    return x.layout != torch.strided or x.is_nested
+
+
+class Buf:
+    """The buffer of one storage version: the program's or dtr's own.
+
+    The program's activations are held weakly (freed when the program drops
+    them). Constants are held strongly, so that when the program drops one,
+    whatever still needs its value can be protected before it goes; they are
+    dead once dtr's is the only reference (``shared`` set). A buffer dtr
+    allocates to bring back a version whose program storage is gone
+    (``dropped`` set) is dead from the start: see Note [Dropped buffers] in
+    mode.py.
+    """
+
+    __slots__ = ("weak", "strong", "shared", "dropped")
+
+    def __init__(self, storage: torch.UntypedStorage, owned: bool, shared: bool = False, dropped: bool = False):
+        self.strong = storage if owned else None
+        # A raw weak pointer (what StorageWeakRef wraps, without its Python frames): freed in __del__.
+        self.weak = None if owned else storage._weak_ref()
+        self.shared = shared
+        self.dropped = dropped
+
+    def __del__(self) -> None:
+        if self.weak is not None and _free_weak_ref is not None:
+            _free_weak_ref(self.weak)
+
+    def get(self) -> Optional[torch.UntypedStorage]:
+        """The storage, or None once the program dropped a weakly held one."""
+        if self.strong is not None:
+            return self.strong
+        if _expired(self.weak):
+            return None
+        return torch.UntypedStorage._new_with_weak_ptr(self.weak)
+
+    def dead(self) -> bool:
+        """Whether the program no longer references the storage."""
+        if self.strong is not None:
+            # Dead once no tensor but dtr's and no Python reference but this one hold it: the program may
+            # hold the storage object itself (a storage's clone, a torch.load), which counts no tensor.
+            return self.dropped or (self.shared and _use_count(self.strong._cdata) <= 1
+                                    and _refcount(self.strong) <= 2)
+        return bool(_expired(self.weak))
+
+    def live(self) -> torch.UntypedStorage:
+        """The storage, which dtr holds or the program still does: for buffers dtr is about to read or write."""
+        st = self.get()
+        if st is None:
+            raise RuntimeError("dtr internal error: the buffer of a storage dtr needs is gone; please report this")
+        return st
+
+
+# Note [The storage table]
+# Six maps, each keyed by the id it is looked up by on the hot path:
+#   version   storage address (``UntypedStorage._cdata``) -> the core tensor of
+#             its current version, for every program storage dtr tracks;
+#   cdata_of  core tensor -> its storage's address, for current versions (the
+#             inverse of ``version`` where both are set: an address a dead
+#             storage left behind may name a new storage already);
+#   phys      core storage -> its Buf;
+#   handle    core tensor -> its handle (Note [Handles] in mode.py), shared by
+#             all versions of one program storage;
+#   alive     handle -> core tensor, for each storage the program may still
+#             hold, in creation order (Note [Liveness] in liveness.py);
+#   versions  core tensor -> how many in-place versions lead to it (Note
+#             [Version chains] in mode.py).
+# They were once parallel attributes of the mode, each kept in step by hand
+# wherever a tensor came or went and renumbered one by one at compaction; a
+# missed one left a stale id behind. Each change now has one method here, and
+# ``_check`` states what must hold between them after every op.
+class StorageTable:
+    """What each core tensor and storage stands for in torch; see Note [The storage table].
+
+    The native per-op path reads these slots at fixed offsets (Note [The
+    mode's slots] in mode.py): the maps are replaced only by ``renumber``,
+    which the native path never caches across.
+    """
+
+    __slots__ = ("version", "cdata_of", "phys", "handle", "alive", "versions", "_next_handle")
+
+    def __init__(self) -> None:
+        self.version: Dict[int, int] = {}
+        self.cdata_of: Dict[int, int] = {}
+        self.phys: Dict[int, Buf] = {}
+        self.handle: Dict[int, int] = {}
+        self.alive: Dict[int, int] = {}
+        self.versions: Dict[int, int] = {}
+        self._next_handle = 0
+
+    def new_handle(self) -> int:
+        """A new program tensor's handle: ints from 1, each made once (Note [Handles] in mode.py)."""
+        self._next_handle += 1
+        return self._next_handle
+
+    def add(self, t: int, s: int, st: torch.UntypedStorage, buf: Buf) -> int:
+        """Register ``st`` as new core tensor ``t`` (core storage ``s``, buffer ``buf``); its new handle. O(1)."""
+        cdata = st._cdata
+        self.version[cdata] = t
+        self.cdata_of[t] = cdata
+        self.phys[s] = buf
+        h = self.handle[t] = self.new_handle()
+        self.alive[h] = t
+        return h
+
+    def write(self, old: int, new: int, old_storage: int, new_storage: int, st: torch.UntypedStorage) -> int:
+        """An in-place write made version ``new`` of ``old`` (storage ``st``); the versions behind ``new``. O(1).
+
+        The new version takes the buffer; the old one keeps an empty one of its
+        own (see Note [Versions] in recompute.py), and the handle moves to the new one.
+        """
+        self.phys[old_storage] = Buf(torch.UntypedStorage(0, device=st.device), owned=True)
+        self.phys[new_storage] = Buf(st, owned=False)
+        cdata = st._cdata
+        self.version[cdata] = new
+        self.cdata_of.pop(old, None)
+        self.cdata_of[new] = cdata
+        h = self.handle[new] = self.handle[old]
+        if h in self.alive:
+            self.alive[h] = new
+        n = self.versions[new] = self.versions.pop(old, 0) + 1
+        return n
+
+    def drop(self, h: int) -> int:
+        """The program dropped the storage of handle ``h``: forget its address; its core tensor. O(1)."""
+        t = self.alive.pop(h)
+        self._forget_address(t)
+        return t
+
+    def _forget_address(self, t: int) -> None:
+        cdata = self.cdata_of.pop(t, None)
+        if cdata is not None and self.version.get(cdata) == t:
+            del self.version[cdata]
+
+    def collected(self, s: int, tensors: Iterable[int]) -> None:
+        """Core storage ``s`` (with ``tensors``, its versions) was collected: forget all of it. O(len(tensors))."""
+        self.phys.pop(s, None)
+        for t in tensors:
+            self.handle.pop(t, None)
+            self.versions.pop(t, None)
+            self._forget_address(t)
+
+    def renumber(self, tensors: Sequence[int], storages: Sequence[int]) -> None:
+        """Follow a core compaction: ``tensors[t]``/``storages[s]`` are the new ids, -1 if dropped. O(entries)."""
+        self.phys = {storages[s]: b for s, b in self.phys.items() if storages[s] >= 0}
+        self.handle = {tensors[t]: h for t, h in self.handle.items() if tensors[t] >= 0}
+        self.cdata_of = {tensors[t]: k for t, k in self.cdata_of.items() if tensors[t] >= 0}
+        self.versions = {tensors[t]: n for t, n in self.versions.items() if tensors[t] >= 0}
+        self.version = {k: tensors[t] for k, t in self.version.items() if tensors[t] >= 0}
+        self.alive = {h: tensors[t] for h, t in self.alive.items()}  # referenced: always kept
+
+    def clear(self) -> None:
+        """Drop every buffer and map (the end of a block: nothing here is used again)."""
+        for m in (self.version, self.cdata_of, self.phys, self.handle, self.alive, self.versions):
+            m.clear()
+
+    def _check(self, core: Any, max_versions: int) -> None:
+        """Assert the invariants of Note [The storage table] against ``core``. O(entries).
+
+        Raises:
+            AssertionError: one does not hold (a bug in the runtime).
+        """
+        n_tensors, n_storages = core.num_tensors, core.num_storages
+        for cdata, t in self.version.items():
+            assert 0 <= t < n_tensors, f"version[{cdata}] = {t}: not a core tensor"
+            assert self.cdata_of.get(t) == cdata, f"version[{cdata}] = {t} but cdata_of[{t}] = {self.cdata_of.get(t)}"
+        for t in self.cdata_of:
+            assert 0 <= t < n_tensors, f"cdata_of has {t}: not a core tensor"
+        assert all(0 <= s < n_storages and isinstance(b, Buf) for s, b in self.phys.items()), "phys: a bad entry"
+        for h, t in self.alive.items():  # (handle[t] == h: no tensor is alive under two handles)
+            assert 1 <= h <= self._next_handle, f"alive has handle {h}, never made (last {self._next_handle})"
+            assert 0 <= t < n_tensors, f"alive[{h}] = {t}: not a core tensor"
+            assert self.handle.get(t) == h, f"alive[{h}] = {t} but handle[{t}] = {self.handle.get(t)}"
+            assert core.storage_of(t) in self.phys, f"alive tensor {t} has no buffer"
+        for t, h in self.handle.items():
+            assert 0 <= t < n_tensors and 1 <= h <= self._next_handle, f"handle[{t}] = {h}: a bad entry"
+        for t, n in self.versions.items():
+            assert 0 <= t < n_tensors and 1 <= n <= max_versions, f"versions[{t}] = {n}: a bad entry"
