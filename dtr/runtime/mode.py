@@ -9,7 +9,7 @@ import logging
 import math
 import weakref
 from itertools import chain
-from typing import Any, Dict, Iterable, List, Optional, Tuple
+from typing import Any, Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple
 
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
@@ -22,7 +22,7 @@ from dtr.runtime.effects import has_hidden_writes, may_write, overwrites_self, s
 from dtr.runtime.liveness import Liveness
 from dtr.runtime.prediction import PREDICTIONS, Prediction
 from dtr.runtime.pytree import count_leaves, tree_flatten
-from dtr.runtime.recompute import Recipe, Recomputer, Slot, rng_capture, slot_of
+from dtr.runtime.recompute import Recipe, Recomputer, RngStates, Slot, rng_capture, slot_of
 from dtr.runtime.recorder import LogRecorder
 from dtr.runtime.storage_table import Buf, StorageTable, opaque
 from dtr.runtime.timing import ProvisionalCosts, Timer, WallTimer, make_timer
@@ -143,6 +143,17 @@ def _layouts(leaves: List[Any]) -> Tuple[Any, ...]:
     return tuple([((tuple(x.shape), tuple(x.stride()), x.dtype) if not opaque(x)
                    else (x.layout, x.dtype)) if isinstance(x, torch.Tensor)  # (Note [Other layouts])
                   else _hashable(x) for x in leaves])
+
+
+class _Call(NamedTuple):
+    """An op as it reached the mode: what its recipe and log record are made of (see _commit)."""
+
+    func: Any
+    leaves: List[Any]  # the flattened (args, kwargs)
+    spec: Any          # their tree_flatten spec
+    tpos: List[int]    # the positions of the tracked tensors among the leaves
+    ins: List[int]     # their core tensors (current versions), in that order
+    rng: Optional[RngStates] = None  # the generator states a random op drew from (Note [Random ops])
 
 
 # Note [The mode's slots]
@@ -412,7 +423,7 @@ class DTRMode(TorchDispatchMode):
         sig = (func, layouts)
         pred = self.predictions.of_op(func, leaves, spec, sig)
         if pred.sizes is None:  # no meta kernel: run it first, account for it after
-            return self._run_unpredicted(func, args, kwargs, leaves, spec, ins, tpos)
+            return self._run_unpredicted(_Call(func, leaves, spec, tpos, ins), args, kwargs)
         sizes = list(pred.sizes)
         need = core.memory + sum(sizes)
         if self.liveness.due(self.ops_seen, need) or (core.budget >= 0 and need > core.budget) \
@@ -454,8 +465,8 @@ class DTRMode(TorchDispatchMode):
             core.abort_call(op)
             raise
         # An op that writes nothing leaves its inputs' layouts as they were: the recipe reuses the signature's.
-        self._commit(op, func, leaves, spec, ins, tpos, sizes, pred.owning, flat_out, plain_writes, const_writes,
-                     rng, cost, None if pending is None else (pending, sig),
+        self._commit(_Call(func, leaves, spec, tpos, ins, rng), op, flat_out, sizes, pred.owning, cost,
+                     plain_writes, const_writes, None if pending is None else (pending, sig),
                      None if plain_writes or const_writes else layouts)
         return out
 
@@ -529,15 +540,25 @@ class DTRMode(TorchDispatchMode):
             out = func(*args, **kwargs)
         return out, tree_flatten(out)[0], cost, pending
 
-    def _commit(self, op, func, leaves, spec, ins, tpos, sizes, owning, flat_out, plain_writes, const_writes,
-                rng, cost, pending=None, layouts=None) -> None:
-        """Register the op's outputs and versions, record it, and finish it in the core.
+    def _commit(self, call: _Call, op: int, flat_out: List[Any], sizes: List[int], owning: Sequence[int],
+                cost: float, plain_writes: Sequence[Tuple[int, int]] = (),
+                const_writes: Sequence[Tuple[int, int]] = (), pending: Any = None, layouts: Any = None) -> None:
+        """Register the op's outputs and versions, record it, and finish core op ``op``.
 
-        ``pending``: (measurement, sig) when the op's real cost comes later
-        (see Note [Measured costs]); deferred once the op has ended, before
-        any compaction could renumber it. ``layouts``: (shape, stride, dtype)
-        of each tensor leaf as it is now, or None to read them from the leaves.
+        Args:
+            call: the op and its tracked inputs.
+            flat_out: its flattened result; ``owning`` the positions of the
+                outputs that own a new storage, of ``sizes`` bytes.
+            cost: what the core is told it cost.
+            plain_writes, const_writes: (leaf position, core tensor) of each
+                storage it wrote in place: new versions, and constants.
+            pending: (measurement, sig) when the op's real cost comes later
+                (see Note [Measured costs]); deferred once the op has ended,
+                before any compaction could renumber it.
+            layouts: (shape, stride, dtype) of each tensor leaf as it is now,
+                or None to read them from the leaves.
         """
+        func, leaves, spec, tpos, ins, rng = call
         core = self.core
         storage_of, table = core.storage_of, self.table
         outs = core.op_outputs(op)
@@ -666,7 +687,7 @@ class DTRMode(TorchDispatchMode):
             if owning == predicted and [_storage(flat_out[i]).nbytes() for i in owning] == sizes:
                 self.ops_seen += 1
                 cost = 1.0 if self.cost_model.measured else self.cost_model.estimate(func, (), {}, metas)
-                self._commit(op, func, leaves, spec, [], [], sizes, owning, flat_out, [], [], rng, cost)
+                self._commit(_Call(func, leaves, spec, [], [], rng), op, flat_out, sizes, owning, cost)
                 return out
             self.core.abort_call(op)  # the meta run was wrong about it: account for what it made
         else:
@@ -676,7 +697,7 @@ class DTRMode(TorchDispatchMode):
             owning = [i for i, o in enumerate(flat_out) if self._trackable(o) and i not in views]
         if not owning:
             return out
-        return self._account_after(func, out, flat_out, owning, leaves, spec, [], [], rng)
+        return self._account_after(_Call(func, leaves, spec, [], [], rng), out, flat_out, owning)
 
     # Note [Factories]
     # A factory (torch.ones, arange, randn, empty, full, and _to_copy onto the
@@ -705,30 +726,33 @@ class DTRMode(TorchDispatchMode):
         op = self.core.begin_call([], sizes, [-1] * len(sizes), [], 0.0)
         return op, sizes, pred.owning, pred.metas
 
-    def _run_unpredicted(self, func, args, kwargs, leaves, spec, ins, tpos):
+    def _run_unpredicted(self, call: _Call, args, kwargs):
         """An op whose output sizes could not be predicted: run, then account (may overshoot by its outputs)."""
+        func, leaves, _, tpos, ins, _ = call
         if not all(map(self.core.defined, ins)):  # a recomputation must not read a storage just dropped
             self.poll()
         op0 = self.core.begin_call(ins, [], [], [], 0.0)  # brings the inputs back
         if self.recorder is not None:
             self.recorder.call(func._schema.name.split("::")[-1], [self.table.handle[t] for t in ins], [], [], 0.0)
         self.core.end_call(op0, 0.0)
-        rng = rng_capture(func, leaves, leaves[tpos[0]].device) if _SEEDED in func.tags else None
+        if _SEEDED in func.tags:
+            call = call._replace(rng=rng_capture(func, leaves, leaves[tpos[0]].device))
         out = func(*args, **kwargs)
         flat_out = tree_flatten(out)[0]
         known = {_storage(leaves[i])._cdata for i in tpos}
         views = _view_positions(func, out)
         owning = [i for i, o in enumerate(flat_out) if self._trackable(o)
                   and _storage(o)._cdata not in known and i not in views]
-        return self._account_after(func, out, flat_out, owning, leaves, spec, ins, tpos, rng)
+        return self._account_after(call, out, flat_out, owning)
 
-    def _account_after(self, func, out, flat_out, owning, leaves, spec, ins, tpos, rng):
+    def _account_after(self, call: _Call, out: Any, flat_out: List[Any], owning: List[int]) -> Any:
+        """Account for an op that already ran (its outputs at ``owning`` own new storages); its result."""
         self.ops_seen += 1
         sizes = [_storage(flat_out[i]).nbytes() for i in owning]
-        op = self.core.begin_call(ins, sizes, [-1] * len(sizes), [], 0.0)
+        op = self.core.begin_call(call.ins, sizes, [-1] * len(sizes), [], 0.0)
         outs = [o for o in flat_out if isinstance(o, torch.Tensor)]
-        cost = 1.0 if self.cost_model.measured else self.cost_model.estimate(func, (), {}, outs)
-        self._commit(op, func, leaves, spec, ins, tpos, sizes, owning, flat_out, [], [], rng, cost)
+        cost = 1.0 if self.cost_model.measured else self.cost_model.estimate(call.func, (), {}, outs)
+        self._commit(call, op, flat_out, sizes, owning, cost)
         return out
 
     # Note [Written leaves]
