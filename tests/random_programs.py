@@ -12,7 +12,8 @@ writes, bfloat16 autocast regions, a user-defined autograd Function,
 (a program may start with one), sampling ops drawing from a generator the
 program owns (``generator=``), ``torch.manual_seed`` and ``fork_rng`` between
 ops, ``torch.save``/``torch.load``, ``pickle`` and ``copy.deepcopy`` round
-trips of live tensors, and sparse COO/CSR operands (written in place too).
+trips of live tensors, sparse COO/CSR operands (written in place too), and a
+wrapper tensor subclass (TwoTensor) whose ops run on the plain tensors it wraps.
 
 :func:`generate` builds one instruction at a time, running each eagerly and
 keeping only those PyTorch accepts, and retries until the program's backward
@@ -35,6 +36,7 @@ from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple
 import torch
 import torch.nn.functional as F
 import torch.utils.checkpoint
+from torch.testing._internal.two_tensor import TwoTensor
 
 __all__ = ["Instr", "Program", "Result", "generate", "run", "run_steps"]
 
@@ -234,6 +236,10 @@ def _exec(ins: Instr, env: Dict[str, torch.Tensor]) -> None:
             (s.values() if args[0] == "csr" else s).mul_(2.0)
             y = y + s @ b
         env[out] = y
+    elif k == "subclass":  # a wrapper subclass over a live tensor: its handler runs the ops on what it wraps
+        a = t(args[0]).detach().clone(memory_format=torch.contiguous_format)  # (TwoTensor: equal layouts)
+        w = torch.tanh(TwoTensor(a, a * 0.5) * 1.5) + args[1]
+        env[out] = w.a * w.b  # (plain tensors: what it wrapped, computed inside the block)
     elif k == "del":
         del env[args[0]]
     else:
@@ -249,9 +255,9 @@ def _propose(rng: random.Random, env: Dict[str, torch.Tensor], fresh: Callable[[
     kind = rng.choices(["unary", "binary", "mm", "view", "inplace", "dropout", "randn_like", "cat", "sum",
                         "ones", "del", "max", "index_put", "out", "no_grad", "expand", "masked_select", "where",
                         "cond", "numpy", "batch_norm", "sort", "meta_inplace", "scatter", "cumsum", "autocast",
-                        "function", "checkpoint", "randn", "sample", "reseed", "serialize", "sparse"],
+                        "function", "checkpoint", "randn", "sample", "reseed", "serialize", "sparse", "subclass"],
                        weights=[14, 12, 10, 14, 14, 5, 3, 4, 3, 2, 8, 3, 3, 3, 2, 2, 2, 2, 2, 1, 2, 2, 3, 2, 2, 2,
-                                2, 2, 2, 4, 2, 2, 2])[0]
+                                2, 2, 2, 4, 2, 2, 2, 2])[0]
     if kind == "randn":
         return Instr(kind, fresh(), (rng.choice(SHAPES),))
     a = _pick(rng, env)
@@ -333,6 +339,8 @@ def _propose(rng: random.Random, env: Dict[str, torch.Tensor], fresh: Callable[[
         return Instr(kind, fresh(), (a, b))
     if kind in ("masked_select", "cond", "numpy", "sort"):
         return Instr(kind, fresh(), (a,))
+    if kind == "subclass":
+        return Instr(kind, fresh(), (a, rng.choice([0.0, 1.0])))
     if kind == "batch_norm":
         x = env[a]
         ok = x.dim() == 2 and x.shape[0] > 1 and all(f"bn{x.shape[1]}_{w}" in env for w in ("mean", "var"))

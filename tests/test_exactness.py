@@ -375,8 +375,8 @@ def test_a_tensor_rebound_to_an_activation_by_set_views_it():
 @pytest.mark.parametrize("layout", ["strided", "jagged"])
 @pytest.mark.parametrize("limit", [None, 6])
 def test_nested_tensors_are_left_alone(layout, limit):
-    """Nested tensors (strided or jagged) are values dtr does not track; what is computed beside them
-    is exact, with or without a budget."""
+    """Nested tensors are exact, with or without a budget: strided ones are values dtr does not track;
+    jagged ones are tensor subclasses whose plain values it tracks (Note [Tensor subclasses] in mode.py)."""
     def step():
         nt = torch.nested.nested_tensor([torch.randn(3, 256), torch.randn(5, 256)], layout=getattr(torch, layout))
         y = torch.nn.functional.linear(nt, W).relu()
@@ -390,6 +390,32 @@ def test_nested_tensors_are_left_alone(layout, limit):
     assert all(torch.equal(a, c) for a, c in zip(got[1], want[1]))
     if limit is not None:
         assert b.stats["evictions"] > 0
+
+
+@pytest.mark.parametrize("entry", ["mode", "key"])
+@pytest.mark.parametrize("limit", [None, 8])
+def test_wrapper_subclasses_are_exact_and_their_contents_evictable(entry, limit):
+    """A tensor subclass that dispatches in Python (TwoTensor: two plain tensors behind one) is declined by
+    the mode, so what it wraps is tracked, evicted and recomputed like any tensor; loss and gradients are
+    exact on both entries (Note [Tensor subclasses] in mode.py). Before, its storage (which is no memory:
+    resizing it raises) was taken for a constant, and the block failed when the wrapper died."""
+    from torch.testing._internal.two_tensor import TwoTensor
+
+    def step():
+        torch.manual_seed(0)
+        x = TwoTensor(torch.randn(64, 256), torch.randn(64, 256)).requires_grad_()
+        hs = _chain(x, 12)
+        loss = sum(h.sum() for h in hs[::3])
+        loss.backward()
+        return loss.a.detach(), loss.b.detach(), x.grad.a, x.grad.b
+    want = step()
+    with dtr.budget(None if limit is None else W.nbytes + 2 * limit * ROW, cost_model="flops",
+                    entry=entry) as b:
+        got = step()
+    assert all(torch.equal(g, w) for g, w in zip(got, want))
+    assert b.stats["ops"] > 12  # the wrapped tensors' ops came through
+    if limit is not None:
+        assert b.stats["evictions"] > 0 and b.stats["remats"] > 0
 
 
 def test_a_dead_sparse_tensors_key_is_not_taken_for_a_new_one(monkeypatch):

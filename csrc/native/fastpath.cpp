@@ -312,8 +312,8 @@ bool scan_value(PyObject* x, Scan& s) {
   if (tensor) {
     const at::Tensor& t = THPVariable_Unpack(x);
     if (!t.defined() || t.layout() != c10::kStrided || t.is_nested() || t.is_meta() || !t.has_storage() ||
-        t.device().type() != s.device)
-      return false;  // untracked tensors (and wrapper subclasses without a storage): the reference decides
+        t.key_set().has(c10::DispatchKey::Python) || t.device().type() != s.device)
+      return false;  // untracked tensors, and wrapper subclasses (mode.py's Note [Tensor subclasses]): the reference
     key.push_back(kTensor);
     key.push_back(static_cast<int64_t>(t.scalar_type()));
     int64_t d = t.dim();
@@ -1184,7 +1184,8 @@ int first_trackable(PyObject* x, PyObject** first) {
   if (PyDict_Check(x)) return -1;
   if (THPVariable_Check(x)) {
     const at::Tensor& t = THPVariable_Unpack(x);
-    if (t.defined() && t.layout() == c10::kStrided && !t.is_nested() && !t.is_meta()) {
+    if (t.defined() && t.layout() == c10::kStrided && !t.is_nested() && !t.is_meta() &&
+        !t.key_set().has(c10::DispatchKey::Python)) {  // (DTRMode._trackable)
       *first = x;
       return 1;
     }
@@ -1211,6 +1212,10 @@ bool set_device_from(FastPath* f, PyObject* args, PyObject* kwargs) {
 PyObject* fast_call(FastPath* f, PyObject* func, PyObject* types, PyObject* args, PyObject* kwargs,
                     const KeyCall* kc) {
   if (kwargs == Py_None || (kwargs != nullptr && PyDict_GET_SIZE(kwargs) == 0)) kwargs = nullptr;
+  if (PyTuple_Check(types)) {  // a tensor subclass's op: the reference declines it (mode.py's Note [Tensor
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(types); ++i)  // subclasses]; torch.Tensor itself may be named)
+      if (PyTuple_GET_ITEM(types, i) != THPVariableClass) return run_fallback(f, func, types, args, kwargs, kc);
+  }
   PyObject* device_type = mget(f, S::device_type);
   if (device_type == Py_None && PyTuple_Check(args)) {
     if (!set_device_from(f, args, kwargs)) return nullptr;

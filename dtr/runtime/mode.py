@@ -24,7 +24,7 @@ from dtr.runtime.prediction import PREDICTIONS, Prediction
 from dtr.runtime.pytree import count_leaves, tree_flatten
 from dtr.runtime.recompute import Recipe, Recomputer, RngStates, Slot, rng_capture, slot_of
 from dtr.runtime.recorder import LogRecorder
-from dtr.runtime.storage_table import Buf, StorageTable, opaque
+from dtr.runtime.storage_table import Buf, StorageTable, opaque, subclass_types, wrapper
 from dtr.runtime.timing import ProvisionalCosts, Timer, WallTimer, make_timer
 from dtr.semantics import remat_allowance
 
@@ -259,7 +259,7 @@ class DTRMode(TorchDispatchMode):
 
     # ----------------------------------------------------------------- tracking
     def _trackable(self, x: Any) -> bool:
-        if not isinstance(x, torch.Tensor) or x.layout != torch.strided or x.is_nested or x.is_meta:
+        if not isinstance(x, torch.Tensor) or x.layout != torch.strided or x.is_nested or x.is_meta or wrapper(x):
             return False
         dev = x.device.type
         if self.device_type is None:
@@ -391,7 +391,22 @@ class DTRMode(TorchDispatchMode):
         self.provisional.observe(sig, func, ns)
 
     # ---------------------------------------------------------------- dispatch
+    # Note [Tensor subclasses]
+    # A tensor subclass that dispatches in Python (a wrapper: TwoTensor, DTensor,
+    # float8 and quantized wrappers, jagged nested tensors) has a storage that is
+    # no memory of its own; resizing it raises ("invalid python storage"), so
+    # tracking it as a constant failed the block when it died. What it holds
+    # are plain tensors, and its __torch_dispatch__ runs ops on them. So the
+    # mode declines any op with such an argument (NotImplemented: torch then
+    # runs the subclass's handler, whose ops on the plain tensors come back
+    # here and are tracked, evicted and recomputed as any others), as the
+    # dispatch-key entry does by construction (the key sits below the Python
+    # key). An op that still meets a wrapper (one a subclass runs on itself with
+    # the Python key excluded, through the dispatch key) leaves it alone as a
+    # tensor of another layout (Note [Other layouts]; storage_table.opaque).
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if types and subclass_types(types):  # see Note [Tensor subclasses]
+            return NotImplemented
         kwargs = kwargs or {}
         leaves, spec = tree_flatten((args, kwargs))
         device_type = self.device_type
@@ -399,8 +414,8 @@ class DTRMode(TorchDispatchMode):
             tpos = [i for i, x in enumerate(leaves) if self._trackable(x)]
         else:  # _trackable, inlined for the hot path (once the device is known)
             tpos = [i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor) and x.layout == torch.strided
-                    and not x.is_nested
-                    and not x.is_meta and x.device.type == device_type]
+                    and not x.is_nested and not x.is_meta and x.device.type == device_type
+                    and (type(x) is torch.Tensor or not wrapper(x))]
         if self._opaque_readers:  # see Note [Other layouts]
             self._before_opaque_writes(func, args, kwargs)
         if not tpos:

@@ -15,7 +15,7 @@ from typing import Any, Dict, Iterable, Optional, Sequence
 
 import torch
 
-__all__ = ["Buf", "StorageTable", "opaque"]
+__all__ = ["Buf", "StorageTable", "opaque", "subclass_types", "wrapper"]
 
 _use_count = torch._C._storage_Use_Count
 _expired = torch.UntypedStorage._expired  # StorageWeakRef.expired() without its two Python frames
@@ -23,10 +23,30 @@ _free_weak_ref = torch.UntypedStorage._free_weak_ref
 _refcount = sys.getrefcount
 
 
+_PYTHON_KEY = torch._C.DispatchKey.Python
+_dispatch_keys = torch._C._dispatch_keys
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+
+
+def wrapper(x: torch.Tensor) -> bool:
+    """Whether ``x`` is a tensor subclass that dispatches in Python (TwoTensor, DTensor, a float8 wrapper).
+
+    Its storage is no memory of its own (resizing it raises): what it wraps
+    are plain tensors, which dtr tracks when the subclass runs ops on them
+    (Note [Tensor subclasses] in mode.py). O(1); dearer only for subclasses.
+    """
+    return type(x) not in _PLAIN and _dispatch_keys(x).has(_PYTHON_KEY)
+
+
+def subclass_types(types: Any) -> bool:
+    """Whether a ``__torch_dispatch__``'s ``types`` name a tensor subclass with a handler of its own."""
+    return any(t not in _PLAIN for t in types)
+
+
 def opaque(x: torch.Tensor) -> bool:
-    """Whether dtr leaves ``x`` alone: a layout other than strided, or a nested tensor (Note [Other layouts] in
-    mode.py); the table never holds such a tensor's memory."""
-    return x.layout != torch.strided or x.is_nested
+    """Whether dtr leaves ``x`` alone: a layout other than strided, a nested tensor (Note [Other layouts] in
+    mode.py), or a wrapper subclass; the table never holds such a tensor's memory."""
+    return x.layout != torch.strided or x.is_nested or wrapper(x)
 
 
 class Buf:
