@@ -33,17 +33,17 @@ lint: venv
 	$(PY) -m mypy
 	$(PY) -m mypy.stubtest dtr._C --allowlist stubtest_allowlist.txt
 
-# The whole suite runs on the native per-op path (dtr._native must be built: DTR_REQUIRE_NATIVE), then the
-# runtime's own tests run again on the Python reference path (DTR_NATIVE=0): every runtime test on both paths.
-# The exactness classes and the random programs run a third time with ops entering through the dispatch key
-# (DTR_ENTRY=key, Note [The dispatch-key entry] in csrc/native/fastpath.cpp).
+# The whole suite runs on the native per-op path (dtr._native must be built: DTR_REQUIRE_NATIVE), entering
+# through the CPU's default entry, the dispatch key (Note [The default entry] in dtr/runtime/native.py); then the
+# runtime's own tests run again on the Python reference path (DTR_NATIVE=0, a dispatch mode), and on the native
+# path entered as a dispatch mode (DTR_ENTRY=mode: the default where torch sees an accelerator).
 RUNTIME_TESTS = tests/test_runtime.py tests/test_runtime_fuzz.py tests/test_exactness.py tests/test_runtime_models.py \
                 tests/test_runtime_compat.py tests/test_training_loops.py
-KEY_TESTS = tests/test_exactness.py tests/test_runtime_fuzz.py
+MODE_TESTS = $(RUNTIME_TESTS) tests/test_native.py
 test: lint
 	DTR_REQUIRE_NATIVE=1 $(PY) -m pytest -q
 	DTR_NATIVE=0 $(PY) -m pytest -q $(RUNTIME_TESTS)
-	DTR_ENTRY=key $(PY) -m pytest -q $(KEY_TESTS)
+	DTR_ENTRY=mode $(PY) -m pytest -q $(MODE_TESTS)
 
 bench: venv
 	$(PY) benchmarks/bench_sim.py --out BENCHMARKS.md

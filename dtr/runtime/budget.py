@@ -152,7 +152,7 @@ class Budget:
         self.native = use_native(native)  # which per-op path the block runs (dtr/runtime/native.py)
         if entry is not None and not isinstance(entry, str):
             raise TypeError(f"entry must be 'mode', 'key' or None, not {entry!r}")
-        self.entry = use_entry(entry)  # how the block's ops reach it
+        self.entry = use_entry(entry, self.native, self._device)  # how the block's ops reach it
         self._core: Optional[Core] = None
         self._mode: Optional[DTRMode] = None
         self._final: Optional[dict] = None
@@ -352,7 +352,11 @@ def budget(limit: Union[None, int, str], *, heuristic: Union[str, Heuristic] = "
             time per op (dtr._native; where it is not built, ``"mode"``). The op
             stream differs slightly (autograd accumulates gradients in place
             when no Python objects hold them), the results do not. Python modes
-            of the program see ops before dtr. None: ``$DTR_ENTRY``, else ``"mode"``.
+            of the program see ops before dtr. None: ``$DTR_ENTRY``, else
+            ``"key"`` for a native block on the CPU (``device``, or where torch
+            sees no accelerator) and ``"mode"`` elsewhere: the key has not been
+            validated on CUDA yet (Note [The default entry] in
+            dtr/runtime/native.py).
 
     Returns:
         A :class:`Budget`; ``with dtr.budget(...) as b: ...`` then ``b.stats``.
