@@ -199,6 +199,14 @@ const DtrCoreApi core_api = {
     },
     &table_begin_call,
     [](void* c, int s) { return guarded([&] { return int64_t(as_core(c).storage_size(s)); }, int64_t(-1)); },
+    [](void* c, int s, int* out, int cap) {
+      return guarded([&] {
+        const std::vector<int> d = as_core(c).protect_targets(s);
+        for (size_t k = 0; k < d.size() && int(k) < cap; ++k) out[k] = d[k];
+        return int(d.size());
+      }, -1);
+    },
+    [](void* c, int s) { return guarded([&] { as_core(c).protect(s); return 0; }, -1); },
 };
 
 }  // namespace

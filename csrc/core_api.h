@@ -16,7 +16,7 @@
 #pragma once
 #include <stdint.h>
 
-#define DTR_CORE_API_VERSION 5
+#define DTR_CORE_API_VERSION 6
 #define DTR_CORE_API_CAPSULE "dtr._C._core_api"
 #define DTR_CORE_CAPSULE "dtr._C.Core"
 
@@ -60,5 +60,10 @@ struct DtrCoreApi {
                             int n_out, double cost);
   // A storage's size in bytes (Core.storage_size); -1 with a Python exception set.
   int64_t (*storage_size)(void* core, int s);
+  // The storages protect(s) would pin or complete now (Core::protect_targets): the first cap of them in out;
+  // returns how many there are, or -1 with a Python exception set.
+  int (*protect_targets)(void* core, int s, int* out, int cap);
+  // Core::protect(s): pin what still needs constant s's value (may recompute); 0, or -1 with an exception set.
+  int (*protect)(void* core, int s);
 };
 }

@@ -48,14 +48,20 @@ def test_a_poll_releases_what_the_program_dropped():
     live._check()
 
 
-def test_a_dropped_constant_is_kept_while_that_is_cheaper_than_protecting():
-    """Note [Keeping a dead constant]: 16 bytes kept rather than pinning 4096 computed from them."""
+def _dropped_constant(const_bytes, out_bytes):
+    """A constant and one output computed from it; the program drops the constant and polls."""
     core, table, live = _block()
-    hc, c = _constant(core, table, 16)
-    out = torch.UntypedStorage(4096)
+    hc, c = _constant(core, table, const_bytes)
+    out = torch.UntypedStorage(out_bytes)
     ho, = _outputs(core, table, [table.alive[hc]], [out])
     del c
     live.poll(1)
+    return core, table, live, hc, ho, out
+
+
+def test_a_dropped_constant_is_kept_while_that_is_cheaper_than_protecting():
+    """Note [Keeping a dead constant]: 16 bytes kept rather than pinning 4096 computed from them."""
+    core, table, live, hc, ho, out = _dropped_constant(16, 4096)
     assert hc in table.alive and not core.pinned(core.storage_of(table.alive[ho]))
     del out  # what needed it is gone: now it goes
     live.poll(2)
@@ -63,12 +69,7 @@ def test_a_dropped_constant_is_kept_while_that_is_cheaper_than_protecting():
 
 
 def test_a_dropped_constant_worth_less_than_it_costs_is_protected_and_released():
-    core, table, live = _block()
-    hc, c = _constant(core, table, 4096)
-    out = torch.UntypedStorage(16)
-    ho, = _outputs(core, table, [table.alive[hc]], [out])
-    del c
-    live.poll(1)
+    core, table, live, hc, ho, out = _dropped_constant(4096, 16)
     assert hc not in table.alive and core.pinned(core.storage_of(table.alive[ho]))  # protected: pinned
     assert core.memory == 16
 

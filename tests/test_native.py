@@ -101,6 +101,39 @@ def test_random_programs_make_the_same_decisions_on_both_paths(tmp_path, seed):
         assert_equal(got, want, f"seed {seed}, entry={entry!r}")
 
 
+def test_a_partial_poll_settles_dropped_constants_as_the_reference_does(tmp_path, monkeypatch):
+    """Constants the program drops while what was computed from them lives: the native partial poll protects
+    and releases them itself (csrc/native/fastpath.cpp, settle_constants), or keeps one that is cheaper kept
+    (Note [Keeping a dead constant]), with the reference's log line for line."""
+    from dtr.runtime.liveness import Liveness
+    partial = []
+    poll = Liveness.poll
+    monkeypatch.setattr(Liveness, "poll", lambda self, ops, handles=None: (
+        partial.append(1) if handles is not None else None, poll(self, ops, handles))[1])
+    logs, outs, calls = {}, {}, {}
+    for use_native in (False, True):
+        torch.manual_seed(0)
+        cs = [torch.randn(64, 64) for _ in range(6)] + [torch.randn(8, 8)]  # from before the block: constants
+
+        def fn(cs=cs):
+            kept = []
+            for i in range(6):
+                kept.append(cs[i] * 2)   # computed from the constant, and kept
+                cs[i] = None             # the program drops the constant
+                kept.append(kept[-1] + 1)  # (the next op's partial poll finds it dead)
+            kept.append(cs[6].repeat(16, 16))  # 64 times the small constant's size: cheaper to keep it
+            cs[6] = None
+            kept.append(kept[-1] + 1)
+            return [k.clone() for k in kept]
+        partial.clear()
+        outs[use_native], _, logs[use_native] = _record(tmp_path, "settle", fn, None, use_native)
+        calls[use_native] = len(partial)
+    assert logs[True] == logs[False]
+    assert sum('"protect"' in line for line in logs[True]) == 6, "each dropped 64x64 constant is protected"
+    assert all(same_bits(a, b) for a, b in zip(outs[False], outs[True]))
+    assert calls[False] > 0 and calls[True] == 0, calls  # the native path settled every partial poll itself
+
+
 def _flat_result(r):
     return [r.loss, *[g for g in r.grads if g is not None], *r.values.values()]
 

@@ -14,8 +14,8 @@
 // the runtime's tests on both and compares recorded logs line by line.
 // Anything else (first sight of a signature, ops that write, factories,
 // escapes, other layouts, CUDA event timing, full polls that find a dead
-// constant, collection,
-// recomputation and eviction, which run from the core's hooks) is the
+// constant, partial polls whose dead constants need more than settle_constants
+// does, collection, recomputation and eviction, which run from the core's hooks) is the
 // reference's own code, called from here. The core (dtr._C) stays torch-free:
 // this module reaches it only through the C table dtr._C exports for it
 // (csrc/core_api.h, Note [The core's C route]).
@@ -110,7 +110,7 @@ struct Env {
   X(poll) X(collect) X(_native_predict) X(call) X(release) X(_generation) X(sizes) X(owning) X(metas) \
   X(estimate) X(mutated) X(device) X(__exit__) X(cost_model) X(measured) X(untyped_storage) \
   X(schedule) X(_core) X(core) X(_on_evict) X(on_compute) X(_on_compute) X(on_pin) X(constant) \
-  X(_set_device) X(pin)
+  X(_set_device) X(pin) X(protect)
 struct Names {
 #define DTR_DECL(n) PyObject* n = nullptr;
   DTR_NAMES(DTR_DECL)
@@ -675,6 +675,84 @@ int handle_dead(FastPath* f, PyObject* alive, PyObject* phys, PyObject* h, bool*
   return 1;
 }
 
+// What Liveness.poll(ops, handles) does with the dead handles ``dead`` of a partial poll when some are
+// constants, if it can be done here: 1 done, 0 for the reference to do, -1 on error. Here means that no
+// constant's protection would first release a dropped target or recompute (Note [Protecting in a partial
+// poll] in liveness.py): for each dead constant, what protect() would pin is resident and alive, or the
+// constant is worth keeping (Note [Keeping a dead constant]). Then, as the reference: the activations are
+// released, and each constant not worth keeping (asked again: the releases can change it) is protected
+// (and recorded so), then released. Autograd's gradient sums through the dispatch key drop a pinned
+// gradient at each sum once its version chain was pinned (about 110 a TreeLSTM step).
+int settle_constants(FastPath* f, PyObject* alive, PyObject* phys, const std::vector<PyObject*>& dead) {
+  std::vector<int> targets;
+  // worth_keeping(s) (0/1), filling `targets`; -1 on error.
+  auto worth_keeping = [&](int s) -> int {
+    int n = api->protect_targets(f->c, s, nullptr, 0);
+    if (n < 0) return -1;
+    targets.resize(static_cast<size_t>(n));
+    if (n > 0 && api->protect_targets(f->c, s, targets.data(), n) != n) return -1;
+    int64_t own = api->storage_size(f->c, s), sum = 0;
+    if (own < 0) return -1;
+    for (int d : targets) {
+      int64_t z = api->storage_size(f->c, d);
+      if (z < 0) return -1;
+      sum += z;
+    }
+    return own < sum ? 1 : 0;
+  };
+  auto storage_of_handle = [&](PyObject* h) -> int {  // -2: not alive
+    PyObject* t = PyDict_GetItemWithError(alive, h);
+    if (t == nullptr) return PyErr_Occurred() ? -1 : -2;
+    return storage_of(f, PyLong_AsLong(t));
+  };
+  std::vector<PyObject*> constants, activations;
+  for (PyObject* h : dead) {
+    int s = storage_of_handle(h);
+    if (s < 0) return s == -2 ? 0 : -1;
+    int p = api->pinned(f->c, s);
+    if (p < 0) return -1;
+    (p ? constants : activations).push_back(h);
+    if (!p) continue;
+    int w = worth_keeping(s);
+    if (w < 0) return -1;
+    if (w) continue;
+    for (int d : targets) {  // the reference would release a dropped target first, or recompute: its case
+      int r = api->resident(f->c, d);
+      if (r < 0) return -1;
+      Ref key(cached_int(d));
+      PyObject* b = key ? PyDict_GetItemWithError(phys, key.get()) : nullptr;
+      if (b == nullptr && PyErr_Occurred()) return -1;
+      int gone = b == nullptr ? 1 : buf_dead(b);
+      if (gone < 0) return -1;
+      if (!r || gone) return 0;
+    }
+  }
+  for (PyObject* h : activations)
+    if (!release(f, h)) return -1;
+  std::vector<PyObject*> protect;
+  for (PyObject* h : constants) {
+    int s = storage_of_handle(h);
+    if (s == -2) continue;
+    if (s < 0) return -1;
+    int w = worth_keeping(s);
+    if (w < 0) return -1;
+    if (!w) protect.push_back(h);
+  }
+  PyObject* recorder = mget(f, S::recorder);
+  for (PyObject* h : protect) {
+    if (recorder != nullptr && recorder != Py_None) {
+      Ref r(PyObject_CallMethodOneArg(recorder, names.protect, h));
+      if (!r) return -1;
+    }
+    int s = storage_of_handle(h);
+    if (s < 0) return -1;
+    if (api->protect(f->c, s) < 0) { translate_error(); return -1; }
+  }
+  for (PyObject* h : protect)
+    if (!release(f, h)) return -1;
+  return 1;
+}
+
 // Liveness.poll(ops, handles) over the last ops' handles; what it cannot settle alone goes to the reference.
 bool poll_recent(FastPath* f, PyObject* recent, Scratch& scratch) {
   // Each handle once, in order (the reference's dict.fromkeys). Equal handles are one object: each is made
@@ -699,7 +777,12 @@ bool poll_recent(FastPath* f, PyObject* recent, Scratch& scratch) {
     if (d) dead.push_back(h);
   }
   if (dead.empty()) return true;
-  if (constant) {  // a dropped constant: the reference decides (Note [Keeping a dead constant])
+  std::vector<Ref> keep_dead;  // (releasing deletes the handles from alive)
+  for (PyObject* d : dead) keep_dead.push_back(borrowed(d));
+  int settled = constant ? settle_constants(f, alive, phys, dead) : 0;
+  if (settled < 0) return false;
+  if (settled) return true;
+  if (constant) {  // a dropped constant the reference decides on (Note [Keeping a dead constant])
     Ref list(PyList_New(static_cast<Py_ssize_t>(handles.size())));
     if (!list) return false;
     for (size_t i = 0; i < handles.size(); ++i) {

@@ -158,7 +158,10 @@ class Liveness:
     # dispatch-key entry: autograd accumulates in place when no Python object
     # holds a gradient) make version chains that are pinned at mode.py's _MAX_VERSIONS and
     # then dropped at each later sum: a full poll for each cost the TreeLSTM
-    # about 5% of a step.
+    # about 5% of a step. The native path settles such a poll itself when no
+    # dropped target must be released first and nothing must be recomputed
+    # (csrc/native/fastpath.cpp, settle_constants): it cost 5.7 ms a TreeLSTM
+    # step in Python.
 
     def schedule(self, ops_seen: int) -> None:
         """Set when the next scheduled full poll is due; called by every full poll.
