@@ -11,7 +11,8 @@ forward, loss, backward) is nearly all host overhead. Variants:
 * ``plain``: no mode; ``nop``: a do-nothing TorchDispatchMode (the floor any
   dispatch-mode tool pays);
 * ``track/ref`` and ``track/native``: ``dtr.budget(None)`` on the Python
-  reference path and on the native path (dtr._native);
+  reference path and on the native path (dtr._native), both entered as a
+  dispatch mode (``entry="mode"``; the CPU's default entry is the key);
 * ``track/key`` and ``budget/key``: the same through the dispatch-key entry
   (``entry="key"``: no Python dispatch mode at all, so the third column, above
   plain PyTorch, is its whole cost);
@@ -84,8 +85,8 @@ def main(argv=None) -> int:
         "budget/ref": lambda: dtr.budget(limit[0], native=False, thrash_limit=None),
     }
     if native_path.available():
-        variants["track/native"] = lambda: dtr.budget(None, native=True)
-        variants["budget/native"] = lambda: dtr.budget(limit[0], native=True, thrash_limit=None)
+        variants["track/native"] = lambda: dtr.budget(None, native=True, entry="mode")
+        variants["budget/native"] = lambda: dtr.budget(limit[0], native=True, entry="mode", thrash_limit=None)
         variants["track/key"] = lambda: dtr.budget(None, entry="key")
         variants["budget/key"] = lambda: dtr.budget(limit[0], entry="key", thrash_limit=None)
     # Results must equal plain PyTorch's on every path (a benchmark of a wrong answer means nothing).
