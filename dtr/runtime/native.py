@@ -109,9 +109,10 @@ def use_native(native: Optional[bool]) -> bool:
 
 
 # Note [The default entry]
-# The dispatch-key entry is the one that meets the host-cost targets on CPU (the
-# TreeLSTM's tracking at 1.27-1.33x plain against 1.47-1.56x as a mode, whose
-# do-nothing floor alone is 1.26-1.46x), and the whole suite passes through it.
+# The dispatch-key entry costs the least host time per op on CPU (the TreeLSTM's
+# tracking at 1.27-1.37x plain in two phases of the test machine, against
+# 1.47-1.61x as a mode, whose do-nothing floor alone is 1.26-1.46x;
+# benchmarks/RUNTIME.md), and the whole suite passes through it.
 # It has not yet run on an accelerator, where the autograd engine runs backward
 # ops on device threads (the key travels with torch's thread-local state, but
 # that is untested). So it is the default for a block on the CPU (named, or
