@@ -207,6 +207,7 @@ const DtrCoreApi core_api = {
       }, -1);
     },
     [](void* c, int s) { return guarded([&] { as_core(c).protect(s); return 0; }, -1); },
+    [](void* c, int s) { return guarded([&] { return int(as_core(c).storage_dependents(s).size()); }, -1); },
 };
 
 }  // namespace
@@ -346,6 +347,7 @@ PYBIND11_MODULE(_C, m) {
       .def("refs", &Core::refs, py::arg("t"))
       .def("storage_refs", &Core::storage_refs, py::arg("s"))
       .def("storage_deps", &Core::storage_deps, py::arg("s"))
+      .def("storage_dependents", &Core::storage_dependents, py::arg("s"))
       .def("forget", &Core::forget, py::arg("s"))
       .def("storage_size", &Core::storage_size, py::arg("s"))
       .def("storage_cost", &Core::storage_cost, py::arg("s"))

@@ -238,6 +238,8 @@ class Core {
   int64_t storage_refs(int s) const { return storages_.at(s).refs; }
   // The storages that storage `s`'s tensors are computed from.
   const std::vector<int>& storage_deps(int s) const { return storages_.at(s).deps; }
+  // The storages computed from s's tensors (the reverse of storage_deps).
+  const std::vector<int>& storage_dependents(int s) const { return storages_.at(s).dependents; }
   // The driver lost the memory of an unreferenced resident storage (it was
   // kept for an evicted dependent but could not be held): mark it evicted.
   void forget(int s);

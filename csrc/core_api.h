@@ -16,7 +16,7 @@
 #pragma once
 #include <stdint.h>
 
-#define DTR_CORE_API_VERSION 6
+#define DTR_CORE_API_VERSION 7
 #define DTR_CORE_API_CAPSULE "dtr._C._core_api"
 #define DTR_CORE_CAPSULE "dtr._C.Core"
 
@@ -65,5 +65,7 @@ struct DtrCoreApi {
   int (*protect_targets)(void* core, int s, int* out, int cap);
   // Core::protect(s): pin what still needs constant s's value (may recompute); 0, or -1 with an exception set.
   int (*protect)(void* core, int s);
+  // How many storages are computed from s (Core::storage_dependents); -1 with a Python exception set.
+  int (*dependents)(void* core, int s);
 };
 }

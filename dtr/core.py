@@ -155,6 +155,7 @@ class Core:
         "storage_root": "storage_root(s): the tensor whose op allocates s.",
         "storage_tensors": "storage_tensors(s): the tensors that view s.",
         "storage_deps": "storage_deps(s): the storages that s's tensors are computed from.",
+        "storage_dependents": "storage_dependents(s): the storages computed from s's tensors.",
         "neighbourhood_cost": "neighbourhood_cost(s): the evicted-neighbourhood term of s's score "
                               "under the heuristic's cost mode (0 for local and none).",
         # ops
@@ -187,6 +188,7 @@ class Core:
     storage_root: Callable[[int], int]
     storage_tensors: Callable[[int], List[int]]
     storage_deps: Callable[[int], List[int]]
+    storage_dependents: Callable[[int], List[int]]
     neighbourhood_cost: Callable[[int], float]
     op_inputs: Callable[[int], List[int]]
     op_outputs: Callable[[int], List[int]]

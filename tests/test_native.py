@@ -421,6 +421,81 @@ def test_the_dispatch_key_runs_most_ops_natively_and_ends_with_the_block():
     assert b.stats["ops"] == before
 
 
+def _sum_counts(fn):
+    """How many out-of-place and in-place adds ``fn`` runs (torch's profiler: it sees below the key too)."""
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        fn()
+    counts = {e.key: e.count for e in prof.key_averages()}
+    return counts.get("aten::add", 0), counts.get("aten::add_", 0)
+
+
+def test_gradient_sums_stay_in_place_through_the_key_as_without_dtr():
+    """Autograd sums a gradient in place while it holds the storage's one reference. A version chain pinned
+    at _MAX_VERSIONS sums is a constant nothing was computed from, held weakly (Note [Constants held weakly]
+    in storage_table.py): the later sums stay in place, run natively, and the gradients are exact."""
+    torch.manual_seed(0)
+    w = torch.randn(64, 64, requires_grad=True)
+    x = torch.randn(8, 64)
+
+    def step():
+        w.grad = None
+        h = x
+        for _ in range(20):  # w's gradient is a sum of 20 terms: a version chain pinned after 8
+            h = torch.tanh(h @ w)
+        h.sum().backward()
+        return w.grad.clone()
+
+    want = step()
+    plain = _sum_counts(step)
+    with dtr.budget(None, entry="key"):
+        step()  # (first sight of each signature runs its meta kernel, which the profiler counts)
+    with dtr.budget(None, entry="key") as b:
+        fast = b._mode._fast
+        nat0, ref0 = fast.counts
+        got: list = []
+        counts = _sum_counts(lambda: got.append(step()))
+        nat, ref = fast.counts
+        b._check()
+    assert plain[0] == 0 and plain[1] >= 19 and counts == plain, (plain, counts)  # (all in place, as plain)
+    assert same_bits(got[0], want)
+    assert ref - ref0 <= 2, f"{ref - ref0} ops went to the reference (the sums into a constant should not)"
+    assert nat - nat0 > 50
+
+
+@pytest.mark.parametrize("how", ["key", "mode", "reference"])
+def test_a_weakly_held_constant_is_held_once_something_computed_from_it_may_need_it(how):
+    """A version chain pinned while nothing was computed from it is held weakly; the first op that computes
+    from it holds it strongly, so that when the program drops it after that result was evicted, protecting
+    the result can still recompute it from the constant's value (Note [Constants held weakly])."""
+    n = 256 * 256
+    kib = n * 4 // 1024
+    x = torch.randn(256, 256)  # from before the block: a constant
+
+    def program(b=None):
+        check = b._check if b is not None else (lambda: None)
+        g = x * 1
+        for _ in range(10):  # a chain of in-place versions, pinned after 8: a constant nothing needs yet
+            g.add_(x)
+            check()
+        e = g.sin()          # computed from it: from now on e may need its value
+        check()
+        big = torch.ones(n)  # no room for e too: e is evicted
+        check()
+        del g                # the program drops the constant; protecting e recomputes it from g's value
+        out = big[:4] + 1
+        check()
+        return e.clone(), out
+
+    want = program()
+    kw = {"native": False} if how == "reference" else {"entry": how}
+    with dtr.budget(f"{3 * kib + kib // 4}KiB", **kw) as b:
+        got = program(b)
+        stats = b.stats
+    assert stats["evictions"] > 0 and stats["remats"] > 0, stats
+    assert all(same_bits(a, c) for a, c in zip(got, want))
+
+
 def test_the_dispatch_key_keeps_errors_and_program_modes():
     from torch.utils._python_dispatch import TorchDispatchMode
 

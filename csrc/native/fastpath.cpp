@@ -236,6 +236,25 @@ PyObject* new_empty_owned_buf(const c10::Device& device) {
   return b;
 }
 
+// StorageTable.hold(key) for buffer b's ``weak``: replaced by one holding the storage strongly, if it is still
+// there. False with a Python exception set on error.
+bool hold_strongly(PyObject* phys, PyObject* key, PyObject* weak) {
+  c10::StorageImpl* locked = c10::raw::weak_intrusive_ptr::lock(weak_ptr(weak));
+  if (locked == nullptr) return true;  // (gone: Buf.get() is None)
+  try {
+    Ref st(THPStorage_Wrap(c10::Storage(c10::intrusive_ptr<c10::StorageImpl>::reclaim(locked))));
+    Ref strong(st ? new_shared_buf(st.get()) : nullptr);
+    return strong && PyDict_SetItem(phys, key, strong.get()) == 0;
+  } catch (const std::exception& e) {
+    if (!PyErr_Occurred()) PyErr_Format(PyExc_RuntimeError, "dtr native per-op path: %s", e.what());
+    return false;
+  }
+}
+
+// StorageTable.computed_from for one pinned input's storage s: a constant held weakly is held strongly from
+// now on (Note [Constants held weakly]). False with a Python exception set on error.
+bool hold_weak_constant(PyObject* phys, int s);  // (below, with the storage table's readers)
+
 // Buf.get() for a buffer that is not dropped: the StorageImpl it holds, or null if it is gone.
 c10::StorageImpl* buf_impl(PyObject* b) {
   PyObject* strong = slot_at(b, env.buf_strong);
@@ -602,18 +621,24 @@ long track(FastPath* f, PyObject* x) {
   return r ? PyLong_AsLong(r.get()) : -1;
 }
 
-// For an in-place op on x: the version x's storage is now, if the op can be this path's plain write
-// (mode.py's _commit: a tracked storage, alive, not pinned); 0 if the reference must take it (a constant
-// to protect, or first sight); -1 on error. Reads state only: track(x) then returns the same version.
+// For an in-place op on x: the version x's storage is now, if the op can be this path's write (mode.py's
+// _commit: a tracked storage, alive): 1 for a new version (not pinned), 2 for a write to a constant that
+// protect() would pin nothing for (its protection does nothing: a weakly held constant's, see Note
+// [Constants held weakly] in storage_table.py); 0 if the reference must take it (a constant to protect, or
+// first sight); -1 on error. Reads state only: track(x) then returns the same version.
 int written_version(FastPath* f, PyObject* x, long* out) {
   long tv;
   int st;
   int live = live_version(f, x, &tv, &st);
   if (live <= 0) return live;
   int pinned = api->pinned(f->c, st);
-  if (pinned != 0) return pinned < 0 ? -1 : 0;
+  if (pinned < 0) return -1;
+  if (pinned) {
+    int n = api->protect_targets(f->c, st, nullptr, 0);
+    if (n != 0) return n < 0 ? -1 : 0;
+  }
   *out = tv;
-  return 1;
+  return pinned ? 2 : 1;
 }
 
 // Liveness.release for an activation the program dropped.
@@ -681,8 +706,8 @@ int handle_dead(FastPath* f, PyObject* alive, PyObject* phys, PyObject* h, bool*
 // poll] in liveness.py): for each dead constant, what protect() would pin is resident and alive, or the
 // constant is worth keeping (Note [Keeping a dead constant]). Then, as the reference: the activations are
 // released, and each constant not worth keeping (asked again: the releases can change it) is protected
-// (and recorded so), then released. Autograd's gradient sums through the dispatch key drop a pinned
-// gradient at each sum once its version chain was pinned (about 110 a TreeLSTM step).
+// (and recorded so), then released. Pinned gradients end so: dropped by autograd or by the program's
+// zero_grad(set_to_none=True) once their version chains were pinned.
 int settle_constants(FastPath* f, PyObject* alive, PyObject* phys, const std::vector<PyObject*>& dead) {
   std::vector<int> targets;
   // worth_keeping(s) (0/1), filling `targets`; -1 on error.
@@ -833,6 +858,16 @@ bool poll_full(FastPath* f, Scratch& scratch) {
   for (PyObject* d : dead)
     if (!release(f, d)) return false;
   return true;
+}
+
+bool hold_weak_constant(PyObject* phys, int s) {
+  Ref key(cached_int(s));
+  PyObject* b = key ? PyDict_GetItemWithError(phys, key.get()) : nullptr;
+  if (b == nullptr) return !PyErr_Occurred() && key;
+  PyObject* shared = slot_at(b, env.buf_shared);
+  PyObject* weak = slot_at(b, env.buf_weak);
+  if (shared != Py_True || weak == nullptr || weak == Py_None) return true;
+  return hold_strongly(phys, key.get(), weak);
 }
 
 PyObject* new_handle(FastPath* f) {  // StorageTable.new_handle (mode.py's Note [Handles])
@@ -1002,7 +1037,7 @@ double allowance(FastPath* f, double limit) { return api->remat_allowance(limit,
 // Everything after the op ran (DTRMode._commit for an op that writes nothing).
 // (ops_seen and lim: the mode's ops_seen and thrash_limit, which nothing changes while an op runs.)
 PyObject* commit(FastPath* f, PyObject* func, const OpInfo* info, Entry* e, Scratch& scratch, long op, PyObject* out,
-                 double cost, PyObject* rng, long ops_seen, double lim, long written) {
+                 double cost, PyObject* rng, long ops_seen, double lim, long written, bool to_constant) {
   Scan& s = scratch.scan;
   const std::vector<long>& ins = scratch.ins;
   Ref out_ref = borrowed(out);
@@ -1014,7 +1049,9 @@ PyObject* commit(FastPath* f, PyObject* func, const OpInfo* info, Entry* e, Scra
     return o != nullptr && THPVariable_Check(o) ? &THPVariable_Unpack(o) : nullptr;
   };
   std::vector<int>& outs = scratch.outs;
-  outs.assign(e->sizes.size() + 1 + (written >= 0), -1);
+  // written: the version an in-place op wrote; a new version follows it unless it is a constant's.
+  long new_written = to_constant ? -1 : written;
+  outs.assign(e->sizes.size() + 1 + (new_written >= 0), -1);
   int n_outs = api->op_outputs(f->c, static_cast<int>(op), outs.data(), static_cast<int>(outs.size()));
   if (n_outs < 0) return nullptr;
   std::vector<long>& new_tensors = scratch.new_tensors;
@@ -1075,7 +1112,15 @@ PyObject* commit(FastPath* f, PyObject* func, const OpInfo* info, Entry* e, Scra
   }
   long new_version = -1;  // an in-place op's: the written storage's new version (mode.py _commit's writes)
   Ref written_handle;
-  if (written >= 0) {
+  if (written >= 0 && to_constant) {  // (const_writes: the constant keeps its version and buffer)
+    Ref k(cached_int(written));
+    PyObject* h = k ? PyDict_GetItemWithError(handle, k.get()) : nullptr;
+    if (h == nullptr) {
+      if (!PyErr_Occurred()) PyErr_Format(PyExc_KeyError, "%ld", written);
+      return nullptr;
+    }
+    written_handle = borrowed(h);
+  } else if (written >= 0) {
     new_version = outs[e->sizes.size()];
     const at::Tensor& wt = THPVariable_Unpack(s.leaves[0].obj);
     c10::StorageImpl* impl = wt.storage().unsafeGetStorageImpl();
@@ -1100,6 +1145,14 @@ PyObject* commit(FastPath* f, PyObject* func, const OpInfo* info, Entry* e, Scra
     if (PyDict_SetItem(handle, new_k.get(), h) < 0) return nullptr;
     int in_alive = PyDict_Contains(alive, h);
     if (in_alive < 0 || (in_alive && PyDict_SetItem(alive, h, new_k.get()) < 0)) return nullptr;
+  }
+  if (!e->owning.empty() || new_written >= 0) {  // computed from its inputs: see Note [Constants held weakly]
+    for (long t : ins) {
+      int st = storage_of(f, t);
+      int pinned = st < 0 ? -1 : api->pinned(f->c, st);
+      if (pinned < 0) return nullptr;
+      if (pinned && !hold_weak_constant(phys, st)) return nullptr;
+    }
   }
   auto handles_of = [&](const std::vector<long>& ts, bool skip_missing) -> Ref {
     Ref l(PyList_New(0));
@@ -1171,7 +1224,7 @@ PyObject* commit(FastPath* f, PyObject* func, const OpInfo* info, Entry* e, Scra
       if (s.leaves[i].tensor) {
         const at::Tensor& t = THPVariable_Unpack(x);
         PyObject* slot;
-        if (written < 0) {
+        if (written < 0) {  // (an op that writes nothing leaves its inputs' layouts as the signature's)
           slot = new_slot(ins[k], t.storage_offset(), e->lay_size[k].get(), e->lay_stride[k].get(),
                           e->lay_dtype[k].get());
         } else {  // (layouts as they are now, as the reference reads them after an op that writes)
@@ -1198,7 +1251,7 @@ PyObject* commit(FastPath* f, PyObject* func, const OpInfo* info, Entry* e, Scra
     PyTuple_SET_ITEM(recipe, 1, rleaves.release());
     Py_INCREF(e->spec.get()); PyTuple_SET_ITEM(recipe, 2, e->spec.get());
     PyTuple_SET_ITEM(recipe, 3, out_slots.release());
-    if (written >= 0) {  // ((leaf position, old version, new version),)
+    if (written >= 0) {  // ((leaf position, old version, new version or -1 for a constant),)
       Ref w(Py_BuildValue("((iii))", 0, static_cast<int>(written), static_cast<int>(new_version)));
       if (!w) return nullptr;
       untrack(w.get());
@@ -1213,7 +1266,7 @@ PyObject* commit(FastPath* f, PyObject* func, const OpInfo* info, Entry* e, Scra
     Ref opk(cached_int(op));
     if (!opk || PyDict_SetItem(recipes_of(f), opk.get(), recipe) < 0) return nullptr;
   }
-  if (written >= 0) {  // version chains (mode.py's Note [Version chains]): pinned at _MAX_VERSIONS
+  if (new_written >= 0) {  // version chains (mode.py's Note [Version chains]): pinned at _MAX_VERSIONS
     PyObject* versions = tget(f, T::versions);  // (StorageTable.write's count)
     Ref old_k(cached_int(written)), new_k(cached_int(new_version));
     if (!old_k || !new_k) return nullptr;
@@ -1341,11 +1394,13 @@ PyObject* fast_call(FastPath* f, PyObject* func, PyObject* types, PyObject* args
   if (e == nullptr) return nullptr;
   if (!e->ok) return run_fallback(f, func, types, args, kwargs, kc);
   long written = -1;  // the version an in-place op writes (its first argument's), or -1
+  bool to_constant = false;  // and whether it is a constant's (no new version)
   if (info->inplace) {
     if (!e->sizes.empty() || s.tpos[0] != 0 || !s.leaves[0].tensor) return run_fallback(f, func, types, args, kwargs, kc);
     int w = written_version(f, s.leaves[0].obj, &written);
     if (w < 0) return nullptr;
     if (w == 0) return run_fallback(f, func, types, args, kwargs, kc);
+    to_constant = w == 2;
   }
   f->native_ops++;
 
@@ -1420,7 +1475,7 @@ PyObject* fast_call(FastPath* f, PyObject* func, PyObject* types, PyObject* args
   std::vector<int>& in_ids = scratch.in_ids;
   in_ids.assign(ins.begin(), ins.end());
   int op;
-  if (written < 0) {
+  if (written < 0 || to_constant) {  // (a write to a constant makes no new version: mode.py's const_writes)
     op = api->begin_call(f->c, in_ids.data(), static_cast<int>(in_ids.size()), e->sizes.data(),
                          static_cast<int>(e->sizes.size()), cost);
   } else {  // the new version of the written input last, sized as its storage (mode.py: inplace_of)
@@ -1487,7 +1542,7 @@ PyObject* fast_call(FastPath* f, PyObject* func, PyObject* types, PyObject* args
   }
   auto t1 = std::chrono::steady_clock::now();
   if (f->measured) cost = static_cast<double>(std::chrono::duration_cast<std::chrono::nanoseconds>(t1 - t0).count());
-  PyObject* result = commit(f, func, info, e, scratch, op, out, cost, rng.get(), ops_seen, lim, written);
+  PyObject* result = commit(f, func, info, e, scratch, op, out, cost, rng.get(), ops_seen, lim, written, to_constant);
   Py_DECREF(out);
   return result;
 }
@@ -1908,14 +1963,18 @@ PyObject* FastPath_carried(PyObject* self, PyObject*) {
   return out.release();
 }
 
-// The core's on_pin hook (storage) while this path runs: DTRMode._on_pin's steps. A constant must
-// outlive the program's references, so a buffer held weakly is replaced by one held strongly.
+// The core's on_pin hook (storage) while this path runs: DTRMode._on_pin's steps (StorageTable.pinned). A
+// constant must outlive the program's references once something computed from it may need its value: its
+// buffer is then held strongly, else weakly as a constant's (Note [Constants held weakly]).
 PyObject* FastPath_on_pin(PyObject* self, PyObject* const* args, Py_ssize_t n) {
   FastPath* f = reinterpret_cast<FastPath*>(self);
   if (n < 1 || !PyLong_Check(args[0])) {
     PyErr_SetString(PyExc_TypeError, "on_pin(storage)");
     return nullptr;
   }
+  long s = PyLong_AsLong(args[0]);
+  int deps = api->dependents(f->c, static_cast<int>(s));
+  if (deps < 0) return nullptr;
   PyObject* phys = tget(f, T::phys);
   PyObject* b = phys ? PyDict_GetItemWithError(phys, args[0]) : nullptr;
   if (b == nullptr) {
@@ -1924,16 +1983,16 @@ PyObject* FastPath_on_pin(PyObject* self, PyObject* const* args, Py_ssize_t n) {
   }
   PyObject* weak = slot_at(b, env.buf_weak);
   if (weak == nullptr || weak == Py_None) Py_RETURN_NONE;
-  c10::StorageImpl* locked = c10::raw::weak_intrusive_ptr::lock(weak_ptr(weak));
-  if (locked == nullptr) Py_RETURN_NONE;  // (gone: Buf.get() is None)
-  try {
-    Ref st(THPStorage_Wrap(c10::Storage(c10::intrusive_ptr<c10::StorageImpl>::reclaim(locked))));
-    Ref strong(st ? new_shared_buf(st.get()) : nullptr);
-    if (!strong || PyDict_SetItem(phys, args[0], strong.get()) < 0) return nullptr;
-  } catch (const std::exception& e) {
-    if (!PyErr_Occurred()) PyErr_Format(PyExc_RuntimeError, "dtr native per-op path: %s", e.what());
-    return nullptr;
+  if (deps > 0) {
+    if (!hold_strongly(phys, args[0], weak)) return nullptr;
+    Py_RETURN_NONE;
   }
+  if (weak_expired(weak)) Py_RETURN_NONE;  // (gone: Buf.get() is None)
+  Ref c(new_weak_buf(weak_ptr(weak)));
+  if (!c) return nullptr;
+  Py_INCREF(Py_True);
+  Py_SETREF(slot_at(c.get(), env.buf_shared), Py_True);
+  if (PyDict_SetItem(phys, args[0], c.get()) < 0) return nullptr;
   Py_RETURN_NONE;
 }
 

@@ -156,12 +156,15 @@ class Liveness:
     # recomputed: the dropped ones among them are released (as before a write to
     # a constant) and the partial poll goes on. Gradients summed in place (the
     # dispatch-key entry: autograd accumulates in place when no Python object
-    # holds a gradient) make version chains that are pinned at mode.py's _MAX_VERSIONS and
-    # then dropped at each later sum: a full poll for each cost the TreeLSTM
-    # about 5% of a step. The native path settles such a poll itself when no
-    # dropped target must be released first and nothing must be recomputed
+    # holds a gradient) make version chains that are pinned at mode.py's _MAX_VERSIONS,
+    # and pinned gradients are dropped (by autograd, or by the program's
+    # zero_grad(set_to_none=True)): a full poll for each cost the TreeLSTM about
+    # 5% of a step. The native path settles such a poll itself when no dropped
+    # target must be released first and nothing must be recomputed
     # (csrc/native/fastpath.cpp, settle_constants): it cost 5.7 ms a TreeLSTM
-    # step in Python.
+    # step in Python. (Pinned gradients were dropped at each later sum then,
+    # summed out of place, until Note [Constants held weakly] in
+    # storage_table.py.)
 
     def schedule(self, ops_seen: int) -> None:
         """Set when the next scheduled full poll is due; called by every full poll.

@@ -124,7 +124,9 @@ _SEEDED = torch.Tag.nondeterministic_seeded  # a random op: its generator state 
 # _MAX_VERSIONS consecutive in-place versions the storage is pinned: it becomes
 # a constant (it is long-lived anyway), and its history can be collected.
 # Activations rarely see more than two or three in-place writes (ReLU(inplace),
-# a residual +=), so they stay evictable.
+# a residual +=), so they stay evictable. Later writes to it are writes to a
+# constant (no new version); while nothing was computed from it, it is held
+# weakly (Note [Constants held weakly] in storage_table.py).
 
 
 # Note [Handles]
@@ -350,21 +352,12 @@ class DTRMode(TorchDispatchMode):
 
     def _hold_deps(self, s: int) -> None:
         """Hold the storages evicted ``s`` is computed from strongly (see Note [Keeping what evicted tensors need])."""
-        phys = self.table.phys
         for d in self.core.storage_deps(s):
-            buf = phys.get(d)
-            if buf is not None and buf.weak is not None:
-                st = buf.get()
-                if st is not None:
-                    phys[d] = Buf(st, owned=True, shared=True)
+            self.table.hold(d)
 
     def _on_pin(self, s: int) -> None:
-        # A constant must outlive the program's references (see _Buf): hold it.
-        buf = self.table.phys.get(s)
-        if buf is not None and buf.weak is not None:
-            st = buf.get()
-            if st is not None:
-                self.table.phys[s] = Buf(st, owned=True, shared=True)
+        # A constant must outlive the program's references once anything may need its value (see Buf).
+        self.table.pinned(s, len(self.core.storage_dependents(s)))
 
     def _on_compute(self, op: int, remat: bool) -> None:
         if remat:
@@ -593,6 +586,8 @@ class DTRMode(TorchDispatchMode):
             chains.append((new, table.write(old, new, storage_of(old), storage_of(new), _storage(leaves[pos]))))
             writes.append((pos, old, new))
         writes += [(pos, t, -1) for pos, t in const_writes]
+        if out_slots or plain_writes:  # see Note [Constants held weakly] in storage_table.py
+            table.computed_from(ins, storage_of)
         if self.recorder is not None:
             handle = table.handle
             self.recorder.call(func._schema.name.split("::")[-1], [handle[t] for t in ins],

@@ -53,12 +53,13 @@ class Buf:
     """The buffer of one storage version: the program's or dtr's own.
 
     The program's activations are held weakly (freed when the program drops
-    them). Constants are held strongly, so that when the program drops one,
-    whatever still needs its value can be protected before it goes; they are
-    dead once dtr's is the only reference (``shared`` set). A buffer dtr
-    allocates to bring back a version whose program storage is gone
-    (``dropped`` set) is dead from the start: see Note [Dropped buffers] in
-    mode.py.
+    them). Constants (``shared`` set) are held strongly once something computed
+    from them may need their value, so that when the program drops one, that
+    can be protected before it goes; they are dead once dtr's is the only
+    reference. A constant nothing was computed from is held weakly, as an
+    activation is (Note [Constants held weakly]). A buffer dtr allocates to
+    bring back a version whose program storage is gone (``dropped`` set) is
+    dead from the start: see Note [Dropped buffers] in mode.py.
     """
 
     __slots__ = ("weak", "strong", "shared", "dropped")
@@ -97,6 +98,27 @@ class Buf:
         if st is None:
             raise RuntimeError("dtr internal error: the buffer of a storage dtr needs is gone; please report this")
         return st
+
+
+# Note [Constants held weakly]
+# A constant (a pinned storage) is held strongly so that, when the program
+# drops it, what may still need its value can be protected first (Note
+# [Keeping a dead constant] in liveness.py). That second reference is seen:
+# autograd sums a gradient in place only while the sum holds its storage's one
+# reference (torch's InputBuffer reads the storage's use count). Through the
+# dispatch key, once a gradient's version chain was pinned (Note [Version
+# chains] in mode.py), every later sum into it was made out of place: a new
+# buffer, a slower kernel, one more storage to track and one more dead
+# constant to settle, 109 of the 277 gradient sums of a TreeLSTM step. Yet
+# nothing needs the value of a storage nothing was computed from. So a storage
+# pinned while no storage in the core was computed from it is held weakly
+# (``Buf(st, owned=False, shared=True)``): the program's drop frees it at
+# once, and the next poll releases it with nothing to protect. The first op
+# that computes from it a new storage or a new version of an unpinned one
+# (``computed_from``) holds it strongly, before anything computed so could be
+# evicted. Writes to constants add no dependents (a later sum into it, an
+# optimizer's update that reads it), so they leave it weak. Invariant (checked
+# by ``_check``): protect() would pin nothing for a weakly held constant.
 
 
 # Note [The storage table]
@@ -169,6 +191,35 @@ class StorageTable:
         n = self.versions[new] = self.versions.pop(old, 0) + 1
         return n
 
+    def pinned(self, s: int, dependents: int) -> None:
+        """Core storage ``s`` became a constant, with ``dependents`` storages computed from it: hold it so. O(1).
+
+        Strongly if anything was computed from it, else weakly (Note [Constants held weakly]).
+        """
+        buf = self.phys.get(s)
+        if buf is not None and buf.weak is not None:
+            st = buf.get()
+            if st is not None:
+                self.phys[s] = Buf(st, owned=dependents > 0, shared=True)
+
+    def computed_from(self, ins: Iterable[int], storage_of: Any) -> None:
+        """An op computed a new storage or version from core tensors ``ins``: hold the constants among them
+        that were held weakly strongly (Note [Constants held weakly]). O(len(ins))."""
+        phys = self.phys
+        for t in ins:
+            s = storage_of(t)
+            buf = phys.get(s)
+            if buf is not None and buf.shared and buf.strong is None:
+                self.hold(s)
+
+    def hold(self, s: int) -> None:
+        """Hold core storage ``s``'s buffer strongly, as a constant's, if it is held weakly and still there. O(1)."""
+        buf = self.phys.get(s)
+        if buf is not None and buf.weak is not None:
+            st = buf.get()
+            if st is not None:
+                self.phys[s] = Buf(st, owned=True, shared=True)
+
     def drop(self, h: int) -> int:
         """The program dropped the storage of handle ``h``: forget its address; its core tensor. O(1)."""
         t = self.alive.pop(h)
@@ -224,3 +275,8 @@ class StorageTable:
             assert 0 <= t < n_tensors and 1 <= h <= self._next_handle, f"handle[{t}] = {h}: a bad entry"
         for t, n in self.versions.items():
             assert 0 <= t < n_tensors and 1 <= n <= max_versions, f"versions[{t}] = {n}: a bad entry"
+        for s, b in self.phys.items():  # see Note [Constants held weakly]
+            if b.shared and b.strong is None:  # (a released constant is banished: no longer pinned)
+                assert core.pinned(s) or core.banished(s), f"storage {s} is held weakly as a constant but is neither"
+                assert not core.pinned(s) or not core.protect_targets(s), \
+                    f"constant {s} is held weakly, but protecting it would pin {core.protect_targets(s)}"
