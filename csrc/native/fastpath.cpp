@@ -1832,15 +1832,16 @@ PyObject* FastPath_counts(PyObject* self, void*) {
 }
 
 // The core's on_evict hook while this path runs (a C function: Note [The core's C route]). DTRMode._on_evict
-// has nothing to do for a storage whose buffer is gone and that nothing references (the common case: the
-// program dropped it and the core freed it), so that case ends here; any other goes to the reference.
-// 0, or -1 with a Python exception set.
+// has nothing to do for a storage that nothing references and whose buffer is gone (the program dropped it
+// and the core freed it) or holds no bytes (an old version's, once a write took its buffer: collection frees
+// those), so those cases end here; any other goes to the reference. 0, or -1 with a Python exception set.
 int on_evict(FastPath* f, int s) {
   Ref key(cached_int(s));
   if (!key) return -1;
   PyObject* b = PyDict_GetItemWithError(tget(f, T::phys), key.get());
   if (b == nullptr && PyErr_Occurred()) return -1;
-  if (b == nullptr || buf_gone(b)) {
+  c10::StorageImpl* impl = b == nullptr ? nullptr : buf_impl(b);
+  if (impl == nullptr || impl->nbytes() == 0) {  // (resizing it to 0 bytes would change nothing)
     int64_t refs = api->storage_refs(f->c, s);
     if (refs < 0) return -1;
     if (refs == 0) return 0;
