@@ -110,9 +110,12 @@ def use_native(native: Optional[bool]) -> bool:
 
 # Note [The default entry]
 # The dispatch-key entry costs the least host time per op on CPU (the TreeLSTM's
-# tracking at 1.27-1.37x plain in two phases of the test machine, against
-# 1.47-1.61x as a mode, whose do-nothing floor alone is 1.26-1.46x;
-# benchmarks/RUNTIME.md), and the whole suite passes through it.
+# tracking at 1.27-1.37x plain on the test machine, 1.31-1.32x since gradient
+# sums stay in place, against 1.47-1.61x as a mode, whose do-nothing floor
+# alone is 1.26-1.46x; benchmarks/RUNTIME.md), and the whole suite passes
+# through it. Through the key, autograd sums gradients in place as without dtr
+# (Note [Constants held weakly] in storage_table.py); through a mode it cannot:
+# the mode's Python objects hold every gradient it passes on.
 # It has not yet run on an accelerator, where the autograd engine runs backward
 # ops on device threads (the key travels with torch's thread-local state, but
 # that is untested). So it is the default for a block on the CPU (named, or
