@@ -19,8 +19,11 @@ forward, loss, backward) is nearly all host overhead. Variants:
 * ``budget/ref`` and ``budget/native``: a budget of the parameters and gradients
   plus half the rest of a tracking run's peak, raised to what the step needs
   at once where that is more (dtr's own accounting: this benchmark is about
-  time, not memory; the report gives the budget as a fraction of the peak),
-  with no thrash limit (timed costs of microsecond ops are noisy).
+  time, not memory; the report gives the budget as a fraction of the peak,
+  and the evictions and recomputations of a step), with no thrash limit
+  (timed costs of microsecond ops are noisy). At the default batch of 4 the
+  MLP's memory is nearly all parameters and gradients: the budget then is
+  what the step needs at once and evicts nothing (``--batch 64`` evicts).
 
 Each round runs every variant (``--steps`` steps, one ``with`` per step, as a
 training loop would) in a shuffled order; a variant's cost per op is its
@@ -93,14 +96,17 @@ def main(argv=None) -> int:
     torch.manual_seed(a.seed)
     step()
     want = [p.grad.clone() for p in model.parameters()]
+    evicted = {}  # budgeted variant -> (evictions, remats) of a step
     for _ in range(20):  # the budget is raised to what the step needs at once (and 5% more) where that is more
         try:
             for name, ctx in variants.items():
                 for _ in range(2):
-                    with ctx():
+                    with ctx() as b:
                         step()
                     if not all(torch.equal(p.grad, w) for p, w in zip(model.parameters(), want)):
                         raise SystemExit(f"{name}: gradients differ from plain PyTorch's")
+                    if name.startswith("budget/"):
+                        evicted[name] = (b.stats["evictions"], b.stats["remats"])
             break
         except dtr.OutOfBudgetError as e:
             limit[0] = int(max(limit[0], e.needed) * 1.05)
@@ -124,7 +130,9 @@ def main(argv=None) -> int:
     over_plain = {k: statistics.median([v - n for v, n in zip(per_op[k], per_op["plain"])]) for k in variants}
     lines = [f"Tiny-op MLP: {a.blocks} x (Linear({a.width}, {a.width}) + ReLU), batch {a.batch}, 1 thread: "
              f"{ops} ops per training step; {a.rounds} shuffled rounds of {a.steps} steps per variant; "
-             f"the budgeted variants' budget is {limit[0]} bytes, {limit[0] / peak:.0%} of the tracking peak.",
+             f"the budgeted variants' budget is {limit[0]} bytes, {limit[0] / peak:.0%} of the tracking peak "
+             f"(evictions, recomputations a step: "
+             f"{', '.join(f'{k} {e}/{r}' for k, (e, r) in evicted.items())}).",
              "", "| variant | µs per op (median) | above a do-nothing mode | above plain PyTorch |",
              "|---|---|---|---|"]
     for k in variants:  # (the differences are medians of per-round differences)
@@ -141,7 +149,8 @@ def main(argv=None) -> int:
         with open(a.out, "a") as f:
             f.write(f"\n## Host cost per op ({datetime.date.today()}, {platform.machine()}, "
                     f"{platform.processor() or 'cpu'}, torch {torch.__version__})\n\n"
-                    f"`python benchmarks/bench_host_overhead.py --rounds {a.rounds} --steps {a.steps}`\n\n{text}\n")
+                    f"`python benchmarks/bench_host_overhead.py --rounds {a.rounds} --steps {a.steps} "
+                    f"--batch {a.batch}`\n\n{text}\n")
     return 0
 
 

@@ -114,8 +114,9 @@ def use_native(native: Optional[bool]) -> bool:
 # sums stay in place, against 1.47-1.61x as a mode, whose do-nothing floor
 # alone is 1.26-1.46x; benchmarks/RUNTIME.md), and the whole suite passes
 # through it. Through the key, autograd sums gradients in place as without dtr
-# (Note [Constants held weakly] in storage_table.py); through a mode it cannot:
-# the mode's Python objects hold every gradient it passes on.
+# (Note [Constants held weakly] in storage_table.py); under any
+# TorchDispatchMode, a do-nothing one too, autograd sums every gradient out of
+# place (the Python tensors a mode returns hold a second reference).
 # It has not yet run on an accelerator, where the autograd engine runs backward
 # ops on device threads (the key travels with torch's thread-local state, but
 # that is untested). So it is the default for a block on the CPU (named, or
