@@ -240,6 +240,17 @@ def _exec(ins: Instr, env: Dict[str, torch.Tensor]) -> None:
         a = t(args[0]).detach().clone(memory_format=torch.contiguous_format)  # (TwoTensor: equal layouts)
         w = torch.tanh(TwoTensor(a, a * 0.5) * 1.5) + args[1]
         env[out] = w.a * w.b  # (plain tensors: what it wrapped, computed inside the block)
+    elif k == "sums":  # a sum of k terms past the pin limit of a version chain (mode.py's _MAX_VERSIONS)
+        a, n = t(args[1]), args[2]
+        if args[0] == "inplace":  # written in place by the program: later writes are writes to a constant
+            acc = a * 1.0
+            for i in range(n):
+                acc.add_(a, alpha=0.25 * (i % 3))
+        else:  # a used n + 1 times: autograd sums its gradient n times (in place through the dispatch key)
+            acc = a * 0.5
+            for i in range(n):
+                acc = acc + torch.tanh(a * (0.5 + 0.125 * i))
+        env[out] = acc
     elif k == "del":
         del env[args[0]]
     else:
@@ -255,9 +266,10 @@ def _propose(rng: random.Random, env: Dict[str, torch.Tensor], fresh: Callable[[
     kind = rng.choices(["unary", "binary", "mm", "view", "inplace", "dropout", "randn_like", "cat", "sum",
                         "ones", "del", "max", "index_put", "out", "no_grad", "expand", "masked_select", "where",
                         "cond", "numpy", "batch_norm", "sort", "meta_inplace", "scatter", "cumsum", "autocast",
-                        "function", "checkpoint", "randn", "sample", "reseed", "serialize", "sparse", "subclass"],
+                        "function", "checkpoint", "randn", "sample", "reseed", "serialize", "sparse", "subclass",
+                        "sums"],
                        weights=[14, 12, 10, 14, 14, 5, 3, 4, 3, 2, 8, 3, 3, 3, 2, 2, 2, 2, 2, 1, 2, 2, 3, 2, 2, 2,
-                                2, 2, 2, 4, 2, 2, 2, 2])[0]
+                                2, 2, 2, 4, 2, 2, 2, 2, 3])[0]
     if kind == "randn":
         return Instr(kind, fresh(), (rng.choice(SHAPES),))
     a = _pick(rng, env)
@@ -341,6 +353,10 @@ def _propose(rng: random.Random, env: Dict[str, torch.Tensor], fresh: Callable[[
         return Instr(kind, fresh(), (a,))
     if kind == "subclass":
         return Instr(kind, fresh(), (a, rng.choice([0.0, 1.0])))
+    if kind == "sums":
+        if not env[a].is_floating_point():
+            return None
+        return Instr(kind, fresh(), (rng.choice(["inplace", "grad"]), a, rng.choice([6, 9, 12])))
     if kind == "batch_norm":
         x = env[a]
         ok = x.dim() == 2 and x.shape[0] > 1 and all(f"bn{x.shape[1]}_{w}" in env for w in ("mean", "var"))
