@@ -242,10 +242,10 @@ def _exec(ins: Instr, env: Dict[str, torch.Tensor]) -> None:
         env[out] = w.a * w.b  # (plain tensors: what it wrapped, computed inside the block)
     elif k == "sums":  # a sum of k terms past the pin limit of a version chain (mode.py's _MAX_VERSIONS)
         a, n = t(args[1]), args[2]
-        if args[0] == "inplace":  # written in place by the program: later writes are writes to a constant
-            acc = a * 1.0
+        if args[0] in ("inplace", "empty"):  # written in place: later writes are writes to a constant
+            acc = (a[:0] if args[0] == "empty" else a) * 1.0  # (empty: a constant of no bytes once pinned)
             for i in range(n):
-                acc.add_(a, alpha=0.25 * (i % 3))
+                acc.add_(acc if args[0] == "empty" else a, alpha=0.25 * (i % 3))
         else:  # a used n + 1 times: autograd sums its gradient n times (in place through the dispatch key)
             acc = a * 0.5
             for i in range(n):
@@ -354,9 +354,10 @@ def _propose(rng: random.Random, env: Dict[str, torch.Tensor], fresh: Callable[[
     if kind == "subclass":
         return Instr(kind, fresh(), (a, rng.choice([0.0, 1.0])))
     if kind == "sums":
-        if not env[a].is_floating_point():
+        if not env[a].is_floating_point() or env[a].dim() == 0:
             return None
-        return Instr(kind, fresh(), (rng.choice(["inplace", "grad"]), a, rng.choice([6, 9, 12])))
+        return Instr(kind, fresh(), (rng.choice(["inplace", "inplace", "grad", "grad", "empty"]), a,
+                                     rng.choice([6, 9, 12])))
     if kind == "batch_norm":
         x = env[a]
         ok = x.dim() == 2 and x.shape[0] > 1 and all(f"bn{x.shape[1]}_{w}" in env for w in ("mean", "var"))

@@ -622,10 +622,10 @@ long track(FastPath* f, PyObject* x) {
 }
 
 // For an in-place op on x: the version x's storage is now, if the op can be this path's write (mode.py's
-// _commit: a tracked storage, alive): 1 for a new version (not pinned), 2 for a write to a constant that
-// protect() would pin nothing for (its protection does nothing: a weakly held constant's, see Note
-// [Constants held weakly] in storage_table.py); 0 if the reference must take it (a constant to protect, or
-// first sight); -1 on error. Reads state only: track(x) then returns the same version.
+// _commit: a tracked storage, alive): 1 for a new version (not pinned), 2 for a write to a weakly held
+// constant that protect() would pin nothing for (its protection does nothing: Note [Constants held weakly]
+// in storage_table.py); 0 if the reference must take it (another constant, or first sight); -1 on error.
+// Reads state only: track(x) then returns the same version.
 int written_version(FastPath* f, PyObject* x, long* out) {
   long tv;
   int st;
@@ -633,7 +633,12 @@ int written_version(FastPath* f, PyObject* x, long* out) {
   if (live <= 0) return live;
   int pinned = api->pinned(f->c, st);
   if (pinned < 0) return -1;
-  if (pinned) {
+  if (pinned) {  // only a weakly held constant's (its protect targets are few: a strong one's walk the graph)
+    Ref key(cached_int(st));
+    PyObject* b = key ? PyDict_GetItemWithError(tget(f, T::phys), key.get()) : nullptr;
+    if (b == nullptr) return PyErr_Occurred() || !key ? -1 : 0;
+    PyObject* weak = slot_at(b, env.buf_weak);
+    if (slot_at(b, env.buf_shared) != Py_True || weak == nullptr || weak == Py_None) return 0;
     int n = api->protect_targets(f->c, st, nullptr, 0);
     if (n != 0) return n < 0 ? -1 : 0;
   }
@@ -1975,7 +1980,8 @@ PyObject* FastPath_on_pin(PyObject* self, PyObject* const* args, Py_ssize_t n) {
   }
   long s = PyLong_AsLong(args[0]);
   int deps = api->dependents(f->c, static_cast<int>(s));
-  if (deps < 0) return nullptr;
+  int64_t size = deps < 0 ? -1 : api->storage_size(f->c, static_cast<int>(s));
+  if (size < 0) return nullptr;
   PyObject* phys = tget(f, T::phys);
   PyObject* b = phys ? PyDict_GetItemWithError(phys, args[0]) : nullptr;
   if (b == nullptr) {
@@ -1984,7 +1990,7 @@ PyObject* FastPath_on_pin(PyObject* self, PyObject* const* args, Py_ssize_t n) {
   }
   PyObject* weak = slot_at(b, env.buf_weak);
   if (weak == nullptr || weak == Py_None) Py_RETURN_NONE;
-  if (deps > 0) {
+  if (deps > 0 || size == 0) {  // (StorageTable.pinned's ``strongly``, as DTRMode._on_pin decides it)
     if (!hold_strongly(phys, args[0], weak)) return nullptr;
     Py_RETURN_NONE;
   }

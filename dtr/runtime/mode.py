@@ -357,7 +357,8 @@ class DTRMode(TorchDispatchMode):
 
     def _on_pin(self, s: int) -> None:
         # A constant must outlive the program's references once anything may need its value (see Buf).
-        self.table.pinned(s, len(self.core.storage_dependents(s)))
+        core = self.core
+        self.table.pinned(s, strongly=bool(core.storage_dependents(s)) or core.storage_size(s) == 0)
 
     def _on_compute(self, op: int, remat: bool) -> None:
         if remat:

@@ -117,8 +117,12 @@ class Buf:
 # that computes from it a new storage or a new version of an unpinned one
 # (``computed_from``) holds it strongly, before anything computed so could be
 # evicted. Writes to constants add no dependents (a later sum into it, an
-# optimizer's update that reads it), so they leave it weak. Invariant (checked
-# by ``_check``): protect() would pin nothing for a weakly held constant.
+# optimizer's update that reads it), so they leave it weak. A constant of no
+# bytes is always held strongly: the core keeps it after its release (nothing
+# to free), and a resident storage whose memory is gone would be "forgotten"
+# (Liveness.release), which a pinned one cannot be. Invariant (checked by
+# ``_check``): protect() would pin nothing for a weakly held constant, and
+# once released it is banished.
 
 
 # Note [The storage table]
@@ -191,16 +195,13 @@ class StorageTable:
         n = self.versions[new] = self.versions.pop(old, 0) + 1
         return n
 
-    def pinned(self, s: int, dependents: int) -> None:
-        """Core storage ``s`` became a constant, with ``dependents`` storages computed from it: hold it so. O(1).
-
-        Strongly if anything was computed from it, else weakly (Note [Constants held weakly]).
-        """
+    def pinned(self, s: int, strongly: bool) -> None:
+        """Core storage ``s`` became a constant: hold it strongly, or weakly (Note [Constants held weakly]). O(1)."""
         buf = self.phys.get(s)
         if buf is not None and buf.weak is not None:
             st = buf.get()
             if st is not None:
-                self.phys[s] = Buf(st, owned=dependents > 0, shared=True)
+                self.phys[s] = Buf(st, owned=strongly, shared=True)
 
     def computed_from(self, ins: Iterable[int], storage_of: Any) -> None:
         """An op computed a new storage or version from core tensors ``ins``: hold the constants among them
@@ -276,7 +277,7 @@ class StorageTable:
         for t, n in self.versions.items():
             assert 0 <= t < n_tensors and 1 <= n <= max_versions, f"versions[{t}] = {n}: a bad entry"
         for s, b in self.phys.items():  # see Note [Constants held weakly]
-            if b.shared and b.strong is None:  # (a released constant is banished: no longer pinned)
+            if b.shared and b.strong is None:  # (a released one is banished: it had bytes to free)
                 assert core.pinned(s) or core.banished(s), f"storage {s} is held weakly as a constant but is neither"
                 assert not core.pinned(s) or not core.protect_targets(s), \
                     f"constant {s} is held weakly, but protecting it would pin {core.protect_targets(s)}"
