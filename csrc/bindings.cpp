@@ -32,6 +32,7 @@ py::dict counters_dict(const Counters& c) {
   d["eager_evictions"] = c.eager_evictions;
   d["banishments"] = c.banishments;
   d["remats"] = c.remats;
+  d["base_ops"] = c.base_ops;
   d["memory"] = c.memory;
   d["peak_memory"] = c.peak_memory;
   d["storage_accesses"] = c.storage_accesses;
@@ -110,6 +111,13 @@ py::list trace_list(const std::vector<std::pair<TraceEvent, int>>& trace) {
   return out;
 }
 
+// A pin reason from Python (an int of dtr._C.Hold), checked.
+Hold hold_of(int why) {
+  if (why < 0 || why > static_cast<int>(Hold::Pinned))
+    throw py::value_error("a pin reason is one of Hold's first six values (got " + std::to_string(why) + ")");
+  return static_cast<Hold>(why);
+}
+
 // ----- Note [The core's C route] (core_api.h): the table's functions.
 Core& as_core(void* c) { return *static_cast<Core*>(c); }
 
@@ -165,7 +173,7 @@ const DtrCoreApi core_api = {
     [](void* c) { return int64_t(as_core(c).budget()); },
     [](void* c) { return as_core(c).counters().base_compute; },
     [](void* c) { return as_core(c).counters().remat_compute; },
-    [](void* c, double limit) { as_core(c).set_remat_limit(limit); },
+    [](void* c, double limit) { as_core(c).set_thrash_limit(limit); },
     [](void* c, const int* inputs, int n_in, const int64_t* sizes, int n_out, double cost) {
       return table_begin_call(c, inputs, n_in, sizes, nullptr, n_out, cost);
     },
@@ -232,9 +240,13 @@ PYBIND11_MODULE(_C, m) {
       if (!msg) throw py::error_already_set();
       PyErr_SetObject(g_log_error, py::make_tuple(e.line, msg).ptr());
     } catch (const OutOfMemory& e) {
-      PyErr_SetObject(g_oom, py::make_tuple(e.needed, e.budget, e.what()).ptr());
+      py::list held;  // (storage, bytes, Hold, referenced), largest first
+      for (const Held& h : e.held) held.append(py::make_tuple(h.storage, h.size, static_cast<int>(h.why), h.referenced));
+      PyErr_SetObject(g_oom, py::make_tuple(e.needed, e.budget, e.what(), e.request, e.op, e.remat_op, e.evictable,
+                                            held).ptr());
     } catch (const Thrashing& e) {
-      PyErr_SetObject(g_thrash, py::make_tuple(e.remat_compute, e.limit, e.what()).ptr());
+      PyErr_SetObject(g_thrash,
+                      py::make_tuple(e.remat_compute, e.limit, e.what(), e.remats, e.count_limit).ptr());
     }
   });
 
@@ -258,6 +270,18 @@ PYBIND11_MODULE(_C, m) {
       .value("FREED", TraceEvent::Freed, "a storage freed otherwise: last release, collected, banished (id: storage)")
       .finalize();
   m.attr("ReplayStatus") = replay_status_enum(m);
+  py::native_enum<Hold>(m, "Hold", "enum.IntEnum",
+                        "Why a resident storage could not be evicted (Note [What filled the budget]).")
+      .value("CONSTANT", Hold::Constant, "a constant: it existed before the program")
+      .value("PROTECTED", Hold::Protected, "pinned: computed from a constant that was written or dropped")
+      .value("ESCAPED", Hold::Escaped, "pinned: its bytes were read outside the graph")
+      .value("VERSION_CHAIN", Hold::VersionChain, "pinned: a long chain of in-place versions")
+      .value("OUTPUT", Hold::Output, "pinned: held by the program at its end")
+      .value("PINNED", Hold::Pinned, "pinned by the driver")
+      .value("INPUT", Hold::Input, "locked: an input of the op whose room was being made")
+      .value("RECOMPUTE", Hold::Recompute, "locked: read by a recomputation in progress")
+      .value("LOCKED", Hold::Locked, "locked by the driver")
+      .finalize();
 
   py::class_<Semantics>(m, "Semantics")
       .def(py::init([](bool free_dead_constants, bool keep_needed, bool eqclass_split, bool inplace_handover,
@@ -285,6 +309,9 @@ PYBIND11_MODULE(_C, m) {
       .def_readwrite("seed", &Config::seed)
       .def_readwrite("sample", &Config::sample)
       .def_readwrite("semantics", &Config::semantics)
+      .def_readwrite("thrash_limit", &Config::thrash_limit)
+      .def_readwrite("thrash_base", &Config::thrash_base)
+      .def_readwrite("thrash_base_ops", &Config::thrash_base_ops)
       .def_readwrite("remat_limit", &Config::remat_limit);
 
   m.attr("_core_api") = py::capsule(static_cast<const void*>(&core_api), DTR_CORE_API_CAPSULE);
@@ -319,9 +346,12 @@ PYBIND11_MODULE(_C, m) {
       .def("retain", &Core::retain, py::arg("t"))
       .def("release", &Core::release, py::arg("t"))
       .def("require", &Core::require, py::arg("t"))
-      .def("pin", &Core::pin, py::arg("t"))
-      .def("pin_many", [](Core& c, const std::vector<int>& ts) { for (int t : ts) c.pin(t); }, py::arg("ts"),
-           "pin(t) for each t in order (one call: the end of a block pins every tensor the program holds).")
+      .def("pin", [](Core& c, int t, int why) { c.pin(t, hold_of(why)); }, py::arg("t"),
+           py::arg("why") = static_cast<int>(Hold::Pinned))
+      .def("pin_many", [](Core& c, const std::vector<int>& ts, int why) { c.pin_many(ts, hold_of(why)); },
+           py::arg("ts"), py::arg("why") = static_cast<int>(Hold::Pinned),
+           "pin(t, why) for each t in order, as one materialization (Note [Planned recomputation]).")
+      .def("pin_reason", [](const Core& c, int s) { return static_cast<int>(c.pin_reason(s)); }, py::arg("s"))
       .def("lock", &Core::lock, py::arg("s"))
       .def("unlock", &Core::unlock, py::arg("s"))
       .def("counters", [](const Core& c) { return counters_dict(c.counters()); })
@@ -331,7 +361,14 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly("remat_compute", [](const Core& c) { return c.counters().remat_compute; })
       .def_property_readonly("base_compute", [](const Core& c) { return c.counters().base_compute; })
       .def_property("budget", &Core::budget, &Core::set_budget)
+      .def("set_thrash_limit", &Core::set_thrash_limit, py::arg("limit"))
       .def("set_remat_limit", &Core::set_remat_limit, py::arg("limit"))
+      .def_property_readonly("thrash_limit", &Core::thrash_limit)
+      .def("remat_allowed", &Core::remat_allowed)
+      .def("remats_allowed", &Core::remats_allowed)
+      .def("restart_peak", &Core::restart_peak)
+      .def("raise_peak", &Core::raise_peak, py::arg("peak"))
+      .def("fit_budget", &Core::fit_budget)
       .def_property_readonly("num_tensors", &Core::num_tensors)
       .def_property_readonly("num_storages", &Core::num_storages)
       .def_property_readonly("num_ops", &Core::num_ops)
@@ -372,6 +409,7 @@ PYBIND11_MODULE(_C, m) {
       .def_readonly("handle_names", &Program::handle_names)
       .def_readonly("names", &Program::names)
       .def("base_compute", &Program::base_compute)
+      .def("base_ops", &Program::base_ops)
       .def("__len__", [](const Program& p) { return p.instrs.size(); })
       .def("records", [](const Program& p) {
         py::list out;
@@ -382,6 +420,7 @@ PYBIND11_MODULE(_C, m) {
       });
 
   m.def("remat_allowance", &remat_allowance, py::arg("thrash_limit"), py::arg("base"));
+  m.def("remat_count_allowance", &remat_count_allowance, py::arg("thrash_limit"), py::arg("base_ops"));
 
   m.def(
       "parse_log",

@@ -71,13 +71,23 @@ struct Config {
   bool banish = false;          // banish on last release instead of eager eviction
   uint64_t seed = 0;
   int sample = 0;               // >0: score only this many random pool members per eviction
-  double remat_limit = std::numeric_limits<double>::infinity();  // stop once remat compute passes it
+  // The thrash limit X (Note [The thrash limit] in dtr/semantics.py): the core stops (Thrashing) once its
+  // recomputation passes what X allows over a base, in compute (remat_allowance) or in recomputations
+  // (remat_count_allowance). The base is thrash_base / thrash_base_ops where they are >= 0 (a replay: the
+  // whole log's), else the core's own first computations so far (the runtime). Infinity: no limit.
+  double thrash_limit = std::numeric_limits<double>::infinity();
+  double thrash_base = -1;
+  // A fixed cap on recomputation compute, whatever the thrash limit (tests compare the core with a reference
+  // under it). Infinity: none.
+  double remat_limit = std::numeric_limits<double>::infinity();
+  int64_t thrash_base_ops = -1;
   Semantics semantics;
 };
 
 struct Counters {
   double base_compute = 0;      // cost of first computations
   double remat_compute = 0;     // cost of rematerializations
+  int64_t base_ops = 0;         // first computations (constants are not computed: none of them counts)
   int64_t evictions = 0;        // evictions chosen by the heuristic
   int64_t eager_evictions = 0;  // storages evicted because their last handle died
   int64_t banishments = 0;
@@ -90,10 +100,39 @@ struct Counters {
   int64_t constant_bytes = 0;
 };
 
+// Why a resident storage could not be evicted when room ran out (Note [What filled the budget] in
+// core_evict.cpp). The first five are why it is pinned (Core::pin's `why`, or the core's own pins), the
+// last three why it is locked.
+enum class Hold : int {
+  Constant = 0,      // a constant (Core::constant): it existed before the program
+  Protected = 1,     // pinned by protect(): computed from a constant that was written or dropped
+  Escaped = 2,       // pinned by the driver: its bytes were read outside the graph
+  VersionChain = 3,  // pinned by the driver: a long chain of in-place versions
+  Output = 4,        // pinned by the driver: held by the program at its end (the output condition)
+  Pinned = 5,        // pinned by the driver, for no reason it gave
+  Input = 6,         // locked: an input of the op whose room was being made
+  Recompute = 7,     // locked: read by a recomputation in progress
+  Locked = 8,        // locked by the driver
+};
+constexpr int kHoldReasons = 9;
+
+// One unevictable resident storage at the moment room ran out.
+struct Held {
+  int storage;
+  int64_t size;
+  Hold why;
+  bool referenced;   // the driver holds a reference to one of its tensors
+};
+
 // Raised when no eviction can make room. `needed` is the memory that had to be
 // resident at that moment (everything unevictable plus the request).
 struct OutOfMemory : std::runtime_error {
   int64_t needed, budget;
+  int64_t request = 0;   // the bytes the failing (re)computation needed
+  int op = -1;           // the op of the begin_call in progress (-1: none, e.g. a driver's pin or protect)
+  int remat_op = -1;     // the op being recomputed when room ran out (-1: the op itself was being begun)
+  int64_t evictable = 0; // bytes still in the eviction pool (0: everything evictable was evicted)
+  std::vector<Held> held;  // every resident storage, largest first (each unevictable, as evictable == 0)
   OutOfMemory(int64_t needed_, int64_t budget_)
       : std::runtime_error("out of memory: needed " + std::to_string(needed_) + " bytes, budget " +
                            std::to_string(budget_)),
@@ -109,13 +148,29 @@ inline double remat_allowance(double thrash_limit, double base) {
   return std::max(0.0, thrash_limit - 1.0) * base;
 }
 
-// Raised when rematerialization compute passes Config::remat_limit.
+// Note [Counting recomputations]
+// A limit on recomputation compute alone does not bound a run: ops that cost
+// nothing (views, and any op under a cost model that gives it 0) can be
+// recomputed for ever, and did (Hugging Face's KV-cache generation under a
+// budget recomputed views and concatenations at 10,000 a second with no end).
+// So the thrash limit X also bounds the number of recomputations: at most
+// (X - 1) times the number of first computations. A run stops when either
+// count passes its allowance. Like remat_allowance, never smaller for a
+// larger base, and the one owner of the rule.
+inline int64_t remat_count_allowance(double thrash_limit, int64_t base_ops) {
+  if (std::isinf(thrash_limit)) return std::numeric_limits<int64_t>::max();
+  const double a = std::max(0.0, thrash_limit - 1.0) * double(std::max<int64_t>(base_ops, 0));
+  return a >= 9.0e18 ? std::numeric_limits<int64_t>::max() : int64_t(a);
+}
+
+// Raised when recomputation passes the thrash limit (Config::thrash_limit), in compute or in count.
 struct Thrashing : std::runtime_error {
-  double remat_compute, limit;
-  Thrashing(double rc, double lim)
-      : std::runtime_error("thrashing: rematerialization compute " + std::to_string(rc) + " passed the limit " +
-                           std::to_string(lim)),
-        remat_compute(rc), limit(lim) {}
+  double remat_compute, limit;   // recomputation compute, and what the limit allowed of it
+  int64_t remats, count_limit;   // recomputations, and how many the limit allowed
+  Thrashing(double rc, double lim, int64_t n, int64_t n_lim)
+      : std::runtime_error("thrashing: " + std::to_string(n) + " recomputations (allowed " + std::to_string(n_lim) +
+                           "), compute " + std::to_string(rc) + " (allowed " + std::to_string(lim) + ")"),
+        remat_compute(rc), limit(lim), remats(n), count_limit(n_lim) {}
 };
 
 class Core {
@@ -206,8 +261,13 @@ class Core {
   // Rematerialize `t` if it is undefined (touching nothing else).
   void require(int t);
   // Rematerialize `t` if needed, then lock its storage for good (output
-  // condition, escaped memory). Pinning twice is a no-op.
-  void pin(int t);
+  // condition, escaped memory); `why` says why, for an out-of-memory report
+  // (one of Hold's pin reasons). Pinning twice is a no-op.
+  void pin(int t, Hold why = Hold::Pinned);
+  // pin(t, why) for each of ts in order, as one materialization (Note [Planned
+  // recomputation] in core_materialize.cpp): what several of them need is
+  // recomputed once.
+  void pin_many(const std::vector<int>& ts, Hold why = Hold::Pinned);
   void lock(int s);
   void unlock(int s);
 
@@ -216,7 +276,26 @@ class Core {
   double clock() const { return clock_; }
   int64_t budget() const { return cfg_.budget; }
   void set_budget(int64_t b) { cfg_.budget = b; }
+  // The thrash limit X, against the core's own first computations so far (Config::thrash_limit).
+  void set_thrash_limit(double x) {
+    cfg_.thrash_limit = x;
+    cfg_.thrash_base = -1;
+    cfg_.thrash_base_ops = -1;
+  }
+  double thrash_limit() const { return cfg_.thrash_limit; }
   void set_remat_limit(double l) { cfg_.remat_limit = l; }
+  // Recomputation compute and count the thrash limit allows now (Note [Counting recomputations]).
+  double remat_allowed() const;
+  int64_t remats_allowed() const;
+  // The peak starts again from the memory now (a nested budget's own peak); returns the old peak.
+  int64_t restart_peak() {
+    const int64_t old = c_.peak_memory;
+    c_.peak_memory = c_.memory;
+    return old;
+  }
+  void raise_peak(int64_t p) { c_.peak_memory = std::max(c_.peak_memory, p); }
+  // Evict until the memory is within the budget (a budget that just shrank); throws OutOfMemory if it cannot.
+  void fit_budget() { make_room(0); }
   int num_tensors() const { return int(tensors_.size()); }
   int num_storages() const { return int(storages_.size()); }
   int num_ops() const { return int(ops_.size()); }
@@ -230,6 +309,8 @@ class Core {
   bool defined(int t) const { return tensors_.at(t).defined; }
   bool resident(int s) const { return storages_.at(s).resident; }
   bool pinned(int s) const { return storages_.at(s).pinned; }
+  // Why s is pinned (a Hold pin reason; meaningful only while it is pinned).
+  Hold pin_reason(int s) const { return storages_.at(s).pin_reason; }
   // Banished (or collected): never resident again; a recomputation of its op frees it at once.
   bool banished(int s) const { return storages_.at(s).banished; }
   bool handed(int s) const { return storages_.at(s).handed; }
@@ -291,6 +372,7 @@ class Core {
     int64_t inplace_bytes = 0;   // bytes of outputs that reuse an input's buffer (first compute)
     bool ended = false;          // end_call returned: its first computation is counted
     bool collected = false;
+    bool planned = false;        // the materialization in progress will (re)compute it (Note [Planned recomputation])
   };
   struct Storage {
     int64_t size = 0;
@@ -305,6 +387,8 @@ class Core {
     int wanted = 0;                // frames of materialize() computing one of its tensors right now
     bool collected = false;        // returned by collect(): never needed again
     bool handed = false;           // its bytes go to the in-place write being recomputed from it right now
+    Hold pin_reason = Hold::Pinned;  // why it is pinned (while it is)
+    int need = 0;                  // planned recomputations that will read it (Note [Planned recomputation])
     double cost = 0;
     double last_access = -std::numeric_limits<double>::infinity();
     int pool_pos = -1;
@@ -337,6 +421,10 @@ class Core {
   int num_collected_ = 0;       // storages with `collected` set
   uint64_t stamp_ = 0;
   std::mt19937_64 rng_;
+  // Note [Planned recomputation]: the ops the materialization in progress will run, and its nesting depth.
+  std::vector<int> planned_ops_;
+  int plan_depth_ = 0;
+  int current_op_ = -1;         // the op of the begin_call in progress (for an out-of-memory report)
   // The bound tree (Note [Choosing without scanning]): a min-tree over slots
   // in pool order, each leaf one pool member; a node holds the least bound
   // of c/m and the least last access below it.
@@ -356,6 +444,11 @@ class Core {
              double cost);
   struct Frame;                 // one level of materialize()'s explicit stack
   void materialize(int t, bool remat, bool stop_before_root = false);
+  void plan(int t);            // add what materializing t will run to the plan (Note [Planned recomputation])
+  void plan_done(int op_id);   // op ran: its reads are no longer needed by the plan
+  void end_plan();             // the outermost materialization ended: drop what is left of the plan
+  void check_thrash() const;   // throw Thrashing past the thrash limit
+  OutOfMemory out_of_memory(int64_t bytes) const;  // the report of make_room(bytes) failing
   void push_frame(std::vector<Frame>& stack, int t, bool remat);
   void abandon_frames(const std::vector<Frame>& stack);  // materialize() failed: give back what they took
   void finish(int op_id);      // after compute(): unlock the inputs, free the handed-over ones, check the remat limit

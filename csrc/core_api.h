@@ -16,7 +16,7 @@
 #pragma once
 #include <stdint.h>
 
-#define DTR_CORE_API_VERSION 7
+#define DTR_CORE_API_VERSION 8
 #define DTR_CORE_API_CAPSULE "dtr._C._core_api"
 #define DTR_CORE_CAPSULE "dtr._C.Core"
 
@@ -34,7 +34,8 @@ struct DtrCoreApi {
   int64_t (*budget)(void* core);
   double (*base_compute)(void* core);
   double (*remat_compute)(void* core);
-  void (*set_remat_limit)(void* core, double limit);
+  // Core::set_thrash_limit: the thrash limit against the core's own first computations (inf: none).
+  void (*set_thrash_limit)(void* core, double limit);
   // Calls (Core's methods of the same names): -1 with a Python exception set on failure.
   // begin_call: new outputs of sizes[0..n_out), none an alias or in-place; returns the op.
   int (*begin_call)(void* core, const int* inputs, int n_in, const int64_t* sizes, int n_out, double cost);

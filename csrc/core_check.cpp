@@ -21,6 +21,9 @@ bool in(int id, int n) { return id >= 0 && id < n; }
 // check indexes the tables through them.
 
 void Core::check() const {
+  if (plan_depth_ != 0 || !planned_ops_.empty()) fail("a materialization's plan is left between instructions");
+  for (size_t o = 0; o < ops_.size(); ++o)
+    if (ops_[o].planned) fail("op " + std::to_string(o) + " is planned between instructions");
   check_tensor_ids();
   const std::vector<char> read_live = check_op_ids();
   check_collected_ops(read_live);
@@ -123,6 +126,7 @@ void Core::check_storages() const {
       fail(name + ": pool position is stale");
     if (s.locks < 0) fail(name + ": negative lock count");
     if (s.wanted != 0) fail(name + ": wanted by a materialization between instructions");
+    if (s.need != 0) fail(name + ": needed by a plan between instructions (Note [Planned recomputation])");
     if (s.pinned && (!s.resident || s.locks < 1)) fail(name + ": pinned but not resident and locked");
     if (cfg_.cost == CostMode::EqClass && !s.resident && !s.banished && s.uf < 0)
       fail(name + ": evicted storage without an eqclass node");

@@ -12,9 +12,46 @@ namespace dtr {
 void Core::make_room(int64_t bytes) {
   if (cfg_.budget < 0) return;
   while (c_.memory + bytes > cfg_.budget) {
-    if (pool_.empty()) throw OutOfMemory(c_.memory + bytes, cfg_.budget);
+    if (pool_.empty()) throw out_of_memory(bytes);
     evict(choose(), /*by_heuristic=*/true);
   }
+}
+
+// Note [What filled the budget]
+// "Out of budget: N bytes needed" cannot be acted on: it does not say whether
+// the memory was the program's own (weights, gradients it kept, copies it
+// made) or dtr's, nor whether evicting more would have helped. When no
+// eviction can make room, every resident storage is unevictable (the pool is
+// empty), and each is so for a reason the core knows: pinned (a constant, a
+// storage protect() pinned, or one the driver pinned, with the reason it gave
+// to pin()), or locked (an input of the op whose room is being made, read by a
+// recomputation in progress, or locked by the driver). The report lists them
+// all, largest first, with the op being begun and the op being recomputed, so
+// that the driver can say what filled the budget in its own terms.
+OutOfMemory Core::out_of_memory(int64_t bytes) const {
+  OutOfMemory e(c_.memory + bytes, cfg_.budget);
+  e.request = bytes;
+  e.op = current_op_;
+  std::vector<char> input;  // storages the op being begun reads
+  if (current_op_ >= 0) {
+    input.assign(storages_.size(), 0);
+    for (int p : ops_[current_op_].inputs) input[tensors_[p].storage] = 1;
+  }
+  for (int sid = 0; sid < int(storages_.size()); ++sid) {
+    const Storage& s = storages_[sid];
+    if (!s.resident) continue;
+    if (s.pool_pos >= 0) {
+      e.evictable += s.size;
+      continue;
+    }
+    Hold why = s.pinned ? s.pin_reason
+               : (!input.empty() && input[sid]) ? Hold::Input
+               : plan_depth_ > 0 ? Hold::Recompute : Hold::Locked;
+    e.held.push_back(Held{sid, s.size, why, s.refs > 0});
+    if (s.wanted > 0 && !s.pinned && why != Hold::Input) e.held.back().why = Hold::Recompute;
+  }
+  std::stable_sort(e.held.begin(), e.held.end(), [](const Held& a, const Held& b) { return a.size > b.size; });
+  return e;
 }
 
 void Core::pool_add(int sid) {

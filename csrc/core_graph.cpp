@@ -84,8 +84,10 @@ int Core::constant(int64_t size) {
   int t = outs[0];
   Storage& s = storages_[tensors_[t].storage];
   c_.constant_bytes += s.size;
+  c_.base_ops -= 1;  // (call() counted it: a constant is not computed)
   lock(tensors_[t].storage);
   s.pinned = true;
+  s.pin_reason = Hold::Constant;
   return t;
 }
 
@@ -125,12 +127,15 @@ int Core::begin_call(const std::vector<int>& inputs, const std::vector<int64_t>&
     lock_inputs(op_id);
     return op_id;
   }
+  current_op_ = op_id;  // (for an out-of-memory report)
   try {
     materialize(op.outputs[0], /*remat=*/false, /*stop_before_root=*/true);
   } catch (...) {  // the op will not run: materialize gave its locks back; its outputs are dropped
+    current_op_ = -1;
     drop_outputs(op_id);
     throw;
   }
+  current_op_ = -1;
   return op_id;
 }
 
@@ -430,8 +435,9 @@ bool Core::needed_by_evicted(int sid) const {
 
 void Core::free_if_unneeded(int sid) {
   Storage& s = storages_[sid];
-  // (wanted: one of its tensors is being rematerialized right now.)
-  if (s.refs > 0 || s.wanted > 0 || !s.resident || s.pinned || s.locks > 0 || s.banished) return;
+  // (wanted: one of its tensors is being rematerialized right now; need: a planned recomputation will read
+  // it, Note [Planned recomputation] in core_materialize.cpp.)
+  if (s.refs > 0 || s.wanted > 0 || s.need > 0 || !s.resident || s.pinned || s.locks > 0 || s.banished) return;
   if (!needed_by_evicted(sid)) evict(sid, /*by_heuristic=*/false);
 }
 
@@ -453,7 +459,8 @@ void Core::unlock(int sid) {
   if (s.locks <= 0) throw std::logic_error("unlock of unlocked storage " + std::to_string(sid));
   s.locks -= 1;
   if (s.locks > 0) return;
-  if (s.evict_on_unlock && s.refs == 0 && s.resident && !s.pinned) {
+  if (s.evict_on_unlock && s.refs == 0 && s.resident && !s.pinned &&
+      !(s.need > 0 && cfg_.semantics.keep_needed)) {  // (a planned read keeps it: free_if_unneeded decides later)
     s.evict_on_unlock = false;
     evict(sid, /*by_heuristic=*/false);
     return;

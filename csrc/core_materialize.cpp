@@ -13,13 +13,31 @@ void Core::require(int t) {
   if (!tensors_.at(t).defined) materialize(t, /*remat=*/true);
 }
 
-void Core::pin(int t) {
+void Core::pin(int t, Hold why) {
   require(t);
   Storage& s = storages_[tensors_[t].storage];
   if (s.pinned) return;
   lock(tensors_[t].storage);
   s.pinned = true;
+  s.pin_reason = why;
   if (on_pin) on_pin(tensors_[t].storage);
+}
+
+void Core::pin_many(const std::vector<int>& ts, Hold why) {
+  for (int t : ts) check_alive_input(t, "pin");
+  // One plan for all of them (Note [Planned recomputation]): the outermost materialization is this call.
+  const bool outer = plan_depth_ == 0;
+  ++plan_depth_;
+  try {
+    for (int t : ts) plan(t);
+    for (int t : ts) pin(t, why);
+  } catch (...) {
+    --plan_depth_;
+    if (outer) end_plan();
+    throw;
+  }
+  --plan_depth_;
+  if (outer) end_plan();
 }
 
 // Note [Protecting a constant]
@@ -69,7 +87,7 @@ std::vector<int> Core::protect_targets(int sid) {
 
 void Core::protect(int sid) {
   for (int d : protect_targets(sid)) {
-    if (!storages_[d].pinned) pin(storages_[d].root);
+    if (!storages_[d].pinned) pin(storages_[d].root, Hold::Protected);
     const std::vector<int> tensors = storages_[d].tensors;
     for (int t : tensors)
       if (tensors_[t].refs > 0 && !tensors_[t].defined) require(t);
@@ -89,6 +107,70 @@ void Core::touch_parents(int op_id) {
     storages_[tensors_[p].storage].last_access = clock_;
     bt_touch(tensors_[p].storage);
   }
+}
+
+// Note [Planned recomputation]
+// With Config::keep_needed, a recomputed storage nobody references is freed
+// as soon as nothing evicted and referenced (or being recomputed right now)
+// needs it (Note [Freeing what an evicted tensor needs] in core_graph.cpp).
+// Within one materialization that was too soon: an input recomputed for one
+// pending input was freed before a sibling's recomputation read it again, so
+// a graph of diamonds (y_i = f(p_i, q_i), p_i and q_i both computed from
+// y_{i-1}) recomputed y_{i-1} twice per level: 2^n recomputations for n
+// levels. A KV cache makes such diamonds (each step's keys and values are
+// computed from the cache and concatenated onto it), and generating 40 tokens
+// under a budget ran for ever. So the outermost materialization first plans
+// what it will run: the undefined tensors its target needs, transitively, and
+// their ops. Each storage counts the planned ops that will read it (`need`),
+// and is not freed while that count is positive; an op's reads leave the count
+// when it runs (plan_done), and whatever is left when the outermost
+// materialization ends (it failed, or a sibling's recomputation made a planned
+// op unnecessary) leaves then, freeing what is no longer needed. A planned
+// storage stays in the eviction pool, so under a budget the heuristic may
+// still evict it: then it is recomputed again, as before, and the thrash limit
+// bounds how often (Note [Counting recomputations] in core.h). Without
+// evictions every planned op runs at most once: the work of one
+// materialization is linear in what it recomputes. pin_many() plans all its
+// targets at once (the end of a block brings back everything the program
+// holds as one materialization). Planning costs a walk of what is recomputed
+// anyway; an op whose inputs are all defined plans nothing.
+
+void Core::plan(int t0) {
+  if (tensors_[t0].defined) return;
+  std::vector<int> stack{t0};
+  while (!stack.empty()) {
+    const int t = stack.back();
+    stack.pop_back();
+    Op& op = ops_[tensors_[t].op];
+    if (op.planned) continue;
+    op.planned = true;
+    planned_ops_.push_back(tensors_[t].op);
+    for (int p : op.inputs) {
+      storages_[tensors_[p].storage].need += 1;
+      if (!tensors_[p].defined) stack.push_back(p);
+    }
+  }
+}
+
+void Core::plan_done(int op_id) {
+  Op& op = ops_[op_id];
+  if (!op.planned) return;
+  op.planned = false;
+  for (int p : op.inputs) storages_[tensors_[p].storage].need -= 1;
+}
+
+void Core::end_plan() {
+  std::vector<int> ops;
+  ops.swap(planned_ops_);
+  std::vector<int> freed;  // inputs whose count fell to 0 only now: they may go
+  for (int o : ops) {
+    if (!ops_[o].planned) continue;
+    plan_done(o);
+    for (int p : ops_[o].inputs)
+      if (storages_[tensors_[p].storage].need == 0) freed.push_back(tensors_[p].storage);
+  }
+  if (cfg_.semantics.keep_needed && !cfg_.banish)
+    for (int sid : freed) free_if_unneeded(sid);
 }
 
 // Note [Deepest input first]
@@ -146,8 +228,13 @@ void Core::materialize(int t0, bool remat0, bool stop_before_root) {
   DepthLease<std::vector<Frame>> lease;
   std::vector<Frame>& stack = *lease;
   stack.clear();
-  push_frame(stack, t0, remat0);
+  const bool outer = plan_depth_ == 0;  // see Note [Planned recomputation]
+  ++plan_depth_;
   try {
+    bool recomputes = !stop_before_root;
+    for (int p : ops_[tensors_[t0].op].inputs) recomputes = recomputes || !tensors_[p].defined;
+    if (recomputes) plan(t0);  // (an op whose inputs are all there plans nothing: the common case)
+    push_frame(stack, t0, remat0);
     while (!stack.empty()) {
       Frame& f = stack.back();
       if (f.waiting) {  // pending[i] has just been rematerialized
@@ -176,10 +263,15 @@ void Core::materialize(int t0, bool remat0, bool stop_before_root) {
         make_room(ops_[op_id].total_size - ops_[op_id].inplace_bytes);
         stack.pop_back();
         storages_[tensors_[t].storage].wanted -= 1;
-        return;
+        break;
       }
       const int64_t handed = remat ? mark_handover(op_id) : 0;
-      make_room(ops_[op_id].total_size - handed);
+      try {
+        make_room(ops_[op_id].total_size - handed);
+      } catch (OutOfMemory& e) {  // (the report names the op being recomputed: Note [What filled the budget])
+        if (remat) e.remat_op = op_id;
+        throw;
+      }
       compute(t, remat);
       stack.back().released = true;
       finish(op_id);  // (still wanted here: its unlocks must not free what it just computed)
@@ -188,8 +280,12 @@ void Core::materialize(int t0, bool remat0, bool stop_before_root) {
     }
   } catch (...) {  // out of memory, thrashing or a failed recomputation
     abandon_frames(stack);
+    --plan_depth_;
+    if (outer) end_plan();
     throw;
   }
+  --plan_depth_;
+  if (outer) end_plan();
 }
 
 // materialize() failed: each frame left on the stack gives back what it took.
@@ -261,6 +357,7 @@ int64_t Core::mark_handover(int op_id) {
 }
 
 void Core::finish(int op_id) {
+  plan_done(op_id);  // (before the unlocks, which free what nothing needs any more)
   for (int p : ops_[op_id].inputs) unlock(tensors_[p].storage);
   for (int p : ops_[op_id].inputs) {  // see Note [Handing bytes over on recomputation]
     const int sid = tensors_[p].storage;
@@ -268,7 +365,23 @@ void Core::finish(int op_id) {
   }
   for (int p : ops_[op_id].inputs)  // an input waiting for its dependents to come back
     if (storages_[tensors_[p].storage].banish_pending) try_banish(tensors_[p].storage);
-  if (c_.remat_compute > cfg_.remat_limit) throw Thrashing(c_.remat_compute, cfg_.remat_limit);
+  check_thrash();
+}
+
+double Core::remat_allowed() const {
+  return std::min(cfg_.remat_limit,
+                  remat_allowance(cfg_.thrash_limit, cfg_.thrash_base >= 0 ? cfg_.thrash_base : c_.base_compute));
+}
+
+int64_t Core::remats_allowed() const {
+  return remat_count_allowance(cfg_.thrash_limit, cfg_.thrash_base_ops >= 0 ? cfg_.thrash_base_ops : c_.base_ops);
+}
+
+void Core::check_thrash() const {
+  if (std::isinf(cfg_.thrash_limit) && std::isinf(cfg_.remat_limit)) return;
+  const double allowed = remat_allowed();
+  const int64_t n_allowed = remats_allowed();
+  if (c_.remat_compute > allowed || c_.remats > n_allowed) throw Thrashing(c_.remat_compute, allowed, c_.remats, n_allowed);
 }
 
 void Core::compute(int t, bool remat) {
@@ -281,6 +394,7 @@ void Core::compute(int t, bool remat) {
     c_.remats += 1;
   } else {
     c_.base_compute += op.cost;
+    c_.base_ops += 1;
   }
   int64_t handed = 0;  // see Note [Handing bytes over on recomputation]
   if (remat)

@@ -55,6 +55,12 @@ struct Program {
       if (i.kind == InstrKind::Call || i.kind == InstrKind::Mutate) c += i.cost;
     return c;
   }
+  // The ops the log computes (calls and mutations): the base of the thrash limit's count.
+  int64_t base_ops() const {
+    int64_t n = 0;
+    for (const auto& i : instrs) n += i.kind == InstrKind::Call || i.kind == InstrKind::Mutate;
+    return n;
+  }
 };
 
 // A malformed or inconsistent log line.

@@ -89,16 +89,21 @@ struct Replayer {
   }
   // simrd's output condition: every tensor still referenced is wanted.
   void outputs() {
+    std::vector<int> ts;
     for (int t : tensor_of)
-      if (t >= 0) core.pin(t);
+      if (t >= 0) ts.push_back(t);
+    core.pin_many(ts, Hold::Output);  // (one plan, as the runtime's end of a block: Note [Planned recomputation])
   }
 };
 
 }  // namespace
 
-ReplayResult replay(const Program& prog, const Config& cfg, bool check, bool trace) {
+ReplayResult replay(const Program& prog, const Config& cfg_in, bool check, bool trace) {
   ReplayResult res;
   res.base_total = prog.base_compute();
+  Config cfg = cfg_in;  // the thrash limit counts against the whole log (Note [The thrash limit] in dtr/semantics.py)
+  if (cfg.thrash_base < 0) cfg.thrash_base = res.base_total;
+  if (cfg.thrash_base_ops < 0) cfg.thrash_base_ops = prog.base_ops();
   Replayer r(prog, cfg);
   if (trace) {
     // A recomputed op's output on a banished (or collected) storage is freed
@@ -183,7 +188,7 @@ ReplayResult replay(const Program& prog, const Config& cfg, bool check, bool tra
 ReplayGraph replay_graph(const Program& prog, const Config& cfg_in) {
   Config cfg = cfg_in;
   cfg.budget = -1;
-  cfg.remat_limit = std::numeric_limits<double>::infinity();
+  cfg.thrash_limit = std::numeric_limits<double>::infinity();
   cfg.banish = false;
   Replayer r(prog, cfg);
   ReplayGraph g;

@@ -57,9 +57,10 @@ struct ReplayResult {
   std::vector<int> op_instr, storage_op, storage_index;
 };
 
-// Replays `prog` on a fresh Core. The run stops ("thrash") once rematerialization
-// compute passes cfg.remat_limit (the caller converts a thrash limit: Note [The
-// thrash limit] in dtr/semantics.py). Live handles at the end are outputs:
+// Replays `prog` on a fresh Core. The run stops ("thrash") once recomputation
+// passes what cfg.thrash_limit allows over the whole log (its compute and its
+// ops, unless cfg.thrash_base / thrash_base_ops say otherwise: Note [The thrash
+// limit] in dtr/semantics.py). Live handles at the end are outputs:
 // rematerialized if needed and pinned. With `check`, Core::check() runs after
 // every instruction (tests).
 ReplayResult replay(const Program& prog, const Config& cfg, bool check, bool trace = false);

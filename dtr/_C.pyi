@@ -12,8 +12,11 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, type_ch
 class _pybind11_type(type): ...
 
 class LogError(ValueError): ...        # args: (line: int, message: str)
-class OutOfMemory(MemoryError): ...    # args: (needed: int, budget: int, message: str)
-class Thrashing(RuntimeError): ...     # args: (remat_compute: float, limit: float, message: str)
+# args: (needed: int, budget: int, message: str, request: int, op: int, remat_op: int, evictable: int,
+#        held: List[Tuple[storage: int, bytes: int, why: int (a Hold), referenced: bool]], largest first)
+class OutOfMemory(MemoryError): ...
+# args: (remat_compute: float, allowed: float, message: str, remats: int, allowed_remats: int)
+class Thrashing(RuntimeError): ...
 
 class InstrKind(enum.IntEnum):
     """An instruction's kind: the int kind of Program.records()."""
@@ -35,6 +38,19 @@ class TraceEvent(enum.IntEnum):
     RECOMPUTED = 1  # an op recomputed (id: op)
     EVICTED = 2     # a storage evicted by the heuristic (id: storage)
     FREED = 3       # a storage freed otherwise: last release, collected, banished (id: storage)
+
+class Hold(enum.IntEnum):
+    """Why a resident storage could not be evicted (Note [What filled the budget]); the first six pin reasons."""
+    __pybind11_native_enum__: object  # pybind11's link to the C++ enum
+    CONSTANT = 0       # a constant: it existed before the program
+    PROTECTED = 1      # pinned: computed from a constant that was written or dropped
+    ESCAPED = 2        # pinned: its bytes were read outside the graph
+    VERSION_CHAIN = 3  # pinned: a long chain of in-place versions
+    OUTPUT = 4         # pinned: held by the program at its end
+    PINNED = 5         # pinned by the driver
+    INPUT = 6          # locked: an input of the op whose room was being made
+    RECOMPUTE = 7      # locked: read by a recomputation in progress
+    LOCKED = 8         # locked by the driver
 
 # How a replay ended; equal to the plain string a replay's result holds.
 if sys.version_info >= (3, 11):
@@ -67,7 +83,10 @@ class Config(metaclass=_pybind11_type):
     banish: bool
     seed: int
     sample: int
-    remat_limit: float
+    thrash_limit: float    # stop past this thrash limit (inf: none), against thrash_base(_ops) or the core's own
+    thrash_base: float     # < 0: the core's own first computations so far
+    thrash_base_ops: int   # < 0: the core's own count of first computations
+    remat_limit: float     # a fixed cap on recomputation compute (inf: none)
     semantics: Semantics   # (read: a reference into the Config, whose fields can be set)
     def __init__(self) -> None: ...
 
@@ -100,8 +119,9 @@ class Core(metaclass=_pybind11_type):
     def retain(self, t: int) -> None: ...
     def release(self, t: int) -> None: ...
     def require(self, t: int) -> None: ...
-    def pin(self, t: int) -> None: ...
-    def pin_many(self, ts: Sequence[int]) -> None: ...
+    def pin(self, t: int, why: int = ...) -> None: ...  # why: a Hold pin reason
+    def pin_many(self, ts: Sequence[int], why: int = ...) -> None: ...  # one materialization for all
+    def pin_reason(self, s: int) -> int: ...
     def lock(self, s: int) -> None: ...
     def unlock(self, s: int) -> None: ...
     # Queries.
@@ -121,6 +141,14 @@ class Core(metaclass=_pybind11_type):
     @budget.setter
     def budget(self, value: int) -> None: ...
     def set_remat_limit(self, limit: float) -> None: ...
+    def set_thrash_limit(self, limit: float) -> None: ...  # against the core's own first computations
+    @property
+    def thrash_limit(self) -> float: ...
+    def remat_allowed(self) -> float: ...   # recomputation compute the limits allow now
+    def remats_allowed(self) -> int: ...    # recomputations the thrash limit allows now
+    def restart_peak(self) -> int: ...      # the peak restarts from the memory now; returns the old one
+    def raise_peak(self, peak: int) -> None: ...
+    def fit_budget(self) -> None: ...       # evict until within the budget (it just shrank)
     @property
     def num_tensors(self) -> int: ...
     @property
@@ -174,6 +202,7 @@ class Program(metaclass=_pybind11_type):
     @property
     def names(self) -> List[str]: ...
     def base_compute(self) -> float: ...
+    def base_ops(self) -> int: ...
     def __len__(self) -> int: ...
     # (kind: an InstrKind's int, line, name, cost, inputs, outputs, sizes, aliases, mutated, inplace)
     def records(self) -> List[Tuple[int, int, int, float, List[int], List[int], List[int], List[int], List[int],
@@ -183,9 +212,10 @@ class Program(metaclass=_pybind11_type):
 _core_api: object
 
 def remat_allowance(thrash_limit: float, base: float) -> float: ...  # the rule's one owner (csrc/core.h)
+def remat_count_allowance(thrash_limit: float, base_ops: int) -> int: ...  # likewise, in recomputations
 def parse_log(data: bytes) -> Program: ...
 def replay(program: Program, config: Config, check: bool = ..., trace: bool = ...) -> Dict[str, Any]: ...
-# The core's tables after replaying `program` without a budget (config's budget, remat_limit and banish
+# The core's tables after replaying `program` without a budget (config's budget, thrash_limit and banish
 # are ignored): tuples op_instr, op_kind, op_line, op_name (-1: none), op_cost, op_inputs, op_outputs,
 # op_fresh, op_alloc, op_overwrites, tensor_op, tensor_storage, tensor_view, storage_size, storage_op,
 # storage_tensors, referenced_at_end (see ReplayGraph in csrc/replay.h).

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from dtr.errors import BudgetWarning, DtrError, LogFormatError, OutOfBudgetError, ThrashingError
+from dtr.errors import BudgetWarning, DtrError, LogFormatError, NestingError, OutOfBudgetError, ThrashingError
 from dtr.heuristics import Heuristic, heuristic_names, register_heuristic
 from dtr.units import parse_bytes
 
-__all__ = ["budget", "DtrError", "LogFormatError", "OutOfBudgetError", "ThrashingError", "BudgetWarning", "Heuristic",
-           "heuristic_names", "register_heuristic", "parse_bytes"]
+__all__ = ["budget", "active_budget", "DtrError", "LogFormatError", "OutOfBudgetError", "ThrashingError",
+           "NestingError", "BudgetWarning", "Heuristic", "heuristic_names", "register_heuristic", "parse_bytes"]
 __version__ = "0.1.0"
 
 
@@ -25,4 +25,7 @@ def __getattr__(name: str) -> Any:
     if name == "budget":
         from dtr.runtime.budget import budget
         return budget
+    if name == "active_budget":
+        from dtr.runtime.budget import active_budget
+        return active_budget
     raise AttributeError(f"module 'dtr' has no attribute {name!r}")

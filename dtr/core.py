@@ -12,12 +12,13 @@ import operator
 from typing import Callable, List, Literal, Optional, Sequence, Tuple
 
 from dtr import _C
+from dtr.budget_report import BudgetReport, HeldStorage
 from dtr.errors import BudgetError, OutOfBudgetError, ThrashingError
 from dtr.heuristics import Heuristic, get_heuristic
-from dtr.semantics import SIMRD, Semantics, check_thrash_limit, remat_allowance
+from dtr.semantics import SIMRD, Semantics, check_thrash_limit
 
 __all__ = ["Core", "Program", "make_config", "parse_program", "replay_program", "replay_graph", "RawLogError",
-           "InstrKind", "TraceEvent", "ReplayStatus"]
+           "InstrKind", "TraceEvent", "ReplayStatus", "Hold"]
 
 Program = _C.Program
 RawLogError = _C.LogError
@@ -29,6 +30,9 @@ InstrKind = _C.InstrKind
 TraceEvent = _C.TraceEvent
 #: How a replay ended: a str enum, equal to the ``status`` string of its result.
 ReplayStatus = _C.ReplayStatus
+#: Why a resident storage could not be evicted (an ``IntEnum``; its first six values are pin reasons,
+#: for :meth:`Core.pin`). A :class:`~dtr.budget_report.HeldStorage`'s reason is its name in lower case.
+Hold = _C.Hold
 
 _MAX_INT64 = 2**63 - 1
 _MAX_INT32 = 2**31 - 1
@@ -36,7 +40,7 @@ _MAX_INT32 = 2**31 - 1
 
 def make_config(heuristic: Heuristic | str = "eqclass", budget: Optional[int] = None, *,
                 semantics: Semantics = SIMRD, banish: bool = False, seed: int = 0, sample: int = 0,
-                remat_limit: float = math.inf) -> "_C.Config":
+                thrash_limit: float = math.inf, remat_limit: float = math.inf) -> "_C.Config":
     """Build the core's configuration.
 
     Args:
@@ -46,7 +50,11 @@ def make_config(heuristic: Heuristic | str = "eqclass", budget: Optional[int] = 
             evicting them eagerly.
         seed: seed of the ``random`` heuristic and of sampling.
         sample: score only this many random pool members per eviction (0: all).
-        remat_limit: stop once rematerialization compute passes this.
+        thrash_limit: stop once recomputation passes what this thrash limit
+            allows (Note [The thrash limit] in dtr.semantics) over the core's own
+            first computations so far: a number >= 1, or infinity for none.
+        remat_limit: stop once recomputation compute passes this, whatever the
+            thrash limit (a fixed cap: tests compare the core with a reference).
         semantics: the rules that differ between the runtime and simrd
             (:class:`dtr.semantics.Semantics`; simrd's by default). A heuristic
             whose ``split`` is set splits eqclass components whatever
@@ -72,6 +80,7 @@ def make_config(heuristic: Heuristic | str = "eqclass", budget: Optional[int] = 
     cfg.banish = banish
     cfg.seed = int(seed)
     cfg.sample = int(sample)
+    cfg.thrash_limit = check_thrash_limit(thrash_limit)
     cfg.remat_limit = remat_limit
     if not isinstance(semantics, Semantics):
         raise TypeError(f"semantics must be a dtr.semantics.Semantics, not {semantics!r}")
@@ -95,12 +104,18 @@ class _Translated:
         if typ is None:
             return False
         if issubclass(typ, _C.OutOfMemory):
-            needed, budget, _ = e.args
-            raise OutOfBudgetError(budget, needed) from None
+            needed, budget, _, request, op, remat_op, evictable, held = e.args
+            report = BudgetReport(budget, needed, request, evictable,
+                                  tuple(HeldStorage(size, _HOLD_NAMES[why], referenced, s)
+                                        for s, size, why, referenced in held), op_id=op, remat_op_id=remat_op)
+            raise OutOfBudgetError(budget, needed, report=report) from None
         if issubclass(typ, _C.Thrashing):
-            rc, limit, _ = e.args
-            raise ThrashingError(rc, limit) from None
+            rc, limit, _, remats, count_limit = e.args
+            raise ThrashingError(rc, limit, remats=remats, count_limit=count_limit) from None
         return False
+
+
+_HOLD_NAMES = {int(h): h.name.lower() for h in _C.Hold}
 
 
 _TRANSLATED = _Translated()
@@ -120,7 +135,7 @@ class Core:
     raises :class:`OutOfBudgetError` or :class:`ThrashingError`.
 
     The queries (``storage_of``, ``resident``, ...) and the methods that never
-    compute (``lock``, ``unlock``, ``forget``, ``set_remat_limit``) are the
+    compute (``lock``, ``unlock``, ``forget``) are the
     wrapped ``_C.Core``'s own bound methods, set on each instance (the runtime
     calls some for every op: no Python frame in between). Nothing else is
     forwarded: another name raises AttributeError.
@@ -168,7 +183,7 @@ class Core:
         "lock": "lock(s): keep resident storage s from eviction until unlock(s).",
         "unlock": "unlock(s): give back one lock on s.",
         "forget": "forget(s): the driver lost the memory of s (unreferenced, unlocked): mark it evicted.",
-        "set_remat_limit": "set_remat_limit(limit): raise ThrashingError once recomputation passes limit.",
+        "set_remat_limit": "set_remat_limit(limit): raise ThrashingError once recomputation compute passes limit.",
     }
     storage_of: Callable[[int], int]
     op_of: Callable[[int], int]
@@ -233,15 +248,55 @@ class Core:
         with _TRANSLATED:
             self._core.require(t)
 
-    def pin(self, t: int) -> None:
-        """Rematerialize ``t`` if needed and never evict its storage again."""
-        with _TRANSLATED:
-            self._core.pin(t)
+    def pin(self, t: int, why: int = _C.Hold.PINNED) -> None:
+        """Rematerialize ``t`` if needed and never evict its storage again.
 
-    def pin_many(self, ts: Sequence[int]) -> None:
-        """:meth:`pin` each of ``ts`` in order, in one call (up to the first that fails)."""
+        Args:
+            why: a :data:`Hold` pin reason (what an out-of-budget report says of it).
+        """
         with _TRANSLATED:
-            self._core.pin_many(list(ts))
+            self._core.pin(t, int(why))
+
+    def pin_many(self, ts: Sequence[int], why: int = _C.Hold.PINNED) -> None:
+        """:meth:`pin` each of ``ts`` in order, as one materialization: what several of them need is
+        recomputed once (Note [Planned recomputation] in csrc/core_materialize.cpp); up to the first that fails."""
+        with _TRANSLATED:
+            self._core.pin_many(list(ts), int(why))
+
+    def pin_reason(self, s: int) -> "_C.Hold":
+        """Why pinned storage ``s`` is pinned (a :data:`Hold` pin reason)."""
+        return _C.Hold(self._core.pin_reason(s))
+
+    def set_thrash_limit(self, limit: float) -> None:
+        """Stop once recomputation passes what thrash limit ``limit`` allows over the core's own first
+        computations so far (``math.inf``: never).
+
+        Raises:
+            ValueError: not a number >= 1 or infinity.
+        """
+        self._core.set_thrash_limit(check_thrash_limit(limit))
+
+    @property
+    def thrash_limit(self) -> float:
+        """The thrash limit (``math.inf``: none)."""
+        return self._core.thrash_limit
+
+    def restart_peak(self) -> int:
+        """Start the peak again from the memory now; returns the peak until now (a nested block's own peak)."""
+        return self._core.restart_peak()
+
+    def fit_budget(self) -> None:
+        """Evict until the memory is within the budget (after :meth:`set_budget` lowered it).
+
+        Raises:
+            OutOfBudgetError: what cannot be evicted is more than the budget.
+        """
+        with _TRANSLATED:
+            self._core.fit_budget()
+
+    def raise_peak(self, peak: int) -> None:
+        """Raise the peak to at least ``peak`` (a nested block gives back the outer peak)."""
+        self._core.raise_peak(int(peak))
 
     def begin_call(self, inputs: Sequence[int], sizes: Sequence[int], alias_of: Sequence[int],
                    inplace_of: Sequence[int], cost: float) -> int:
@@ -397,11 +452,9 @@ def replay_program(program: "_C.Program", heuristic: Heuristic | str = "eqclass"
         ValueError: a thrash limit that is not a number >= 1 (or infinity),
             and see :func:`make_config`.
     """
-    # The core stops once recomputation passes what the limit allows over the log's compute (Note [The thrash
-    # limit] in dtr.semantics); the C++ replay then reports "thrash".
-    allowance = remat_allowance(check_thrash_limit(thrash_limit), program.base_compute())
-    config = make_config(heuristic, budget, remat_limit=allowance,
-                         **options)
+    # The core stops once recomputation passes what the limit allows over the log's compute and ops (Note [The
+    # thrash limit] in dtr.semantics; the replay counts against the whole log); the replay then reports "thrash".
+    config = make_config(heuristic, budget, thrash_limit=thrash_limit, **options)
     return _C.replay(program, config, check, trace)
 
 

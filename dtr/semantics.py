@@ -15,7 +15,9 @@ import numbers
 from dataclasses import dataclass
 from typing import Dict, Mapping, Optional, Tuple
 
-__all__ = ["Semantics", "SIMRD", "RUNTIME", "check_thrash_limit", "remat_allowance"]
+from dtr import _C
+
+__all__ = ["Semantics", "SIMRD", "RUNTIME", "check_thrash_limit", "remat_allowance", "remat_count_allowance"]
 
 
 _FIELD_NAMES: Dict[type, Tuple[str, ...]] = {}
@@ -112,9 +114,13 @@ RUNTIME = Semantics(free_dead_constants=True, keep_needed=True, eqclass_split=Tr
 
 # Note [The thrash limit]
 # A thrash limit X stops a run once recomputation passes (X - 1) times the
-# compute it is measured against: the whole log's for a replay, the block's own
-# so far for the runtime. X = 1 allows no recomputation at all; infinity (or
-# None) never stops. Both drivers check and convert X here and nowhere else.
+# compute it is measured against, or once the number of recomputations passes
+# (X - 1) times the number of ops computed (ops that cost nothing, such as
+# views, could otherwise be recomputed for ever: the core's Note [Counting
+# recomputations]). The base is the whole log's for a replay, the block's own
+# first computations so far for the runtime. X = 1 allows no recomputation at
+# all; infinity (or None) never stops. Both drivers check X here and hand it
+# to the core, which applies it (remat_allowance, remat_count_allowance).
 
 def check_thrash_limit(value: object) -> float:
     """A thrash limit as a float: a number >= 1, or None or infinity for no limit (returned as ``math.inf``).
@@ -138,6 +144,10 @@ def remat_allowance(thrash_limit: float, base: float) -> float:
     a larger ``base``. The rule is written once, in the core (csrc/core.h), which
     the native per-op path asks directly.
     """
-    from dtr import _C
-
     return _C.remat_allowance(float(thrash_limit), float(base))
+
+
+def remat_count_allowance(thrash_limit: float, base_ops: int) -> int:
+    """The recomputations a thrash limit allows over ``base_ops`` ops computed: ``(thrash_limit - 1) * base_ops``,
+    rounded down (2**63 - 1 for an infinite limit). Never smaller for a larger base; the core owns the rule."""
+    return _C.remat_count_allowance(float(thrash_limit), int(base_ops))

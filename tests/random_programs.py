@@ -12,8 +12,11 @@ writes, bfloat16 autocast regions, a user-defined autograd Function,
 (a program may start with one), sampling ops drawing from a generator the
 program owns (``generator=``), ``torch.manual_seed`` and ``fork_rng`` between
 ops, ``torch.save``/``torch.load``, ``pickle`` and ``copy.deepcopy`` round
-trips of live tensors, sparse COO/CSR operands (written in place too), and a
-wrapper tensor subclass (TwoTensor) whose ops run on the plain tensors it wraps.
+trips of live tensors, sparse COO/CSR operands (written in place too), a
+wrapper tensor subclass (TwoTensor) whose ops run on the plain tensors it wraps,
+autoregressive loops that grow a cache (``cat``, or ``index_copy_`` into a
+buffer) read at every step, with and without autograd, and blocks nested in
+the program's own (a library's ``dtr.budget`` around a few ops).
 
 :func:`generate` builds one instruction at a time, running each eagerly and
 keeping only those PyTorch accepts, and retries until the program's backward
@@ -38,12 +41,15 @@ import torch.nn.functional as F
 import torch.utils.checkpoint
 from torch.testing._internal.two_tensor import TwoTensor
 
-__all__ = ["Instr", "Program", "Result", "generate", "run", "run_steps"]
+__all__ = ["Instr", "Program", "Result", "generate", "make_leaves", "run", "run_steps"]
 
 SHAPES = [(16, 16), (16, 32), (32, 16), (32, 32)]
 KEEP = 3  # names the program still holds after its loss (run)
 # The program's own torch.Generator (for generator= arguments), reseeded from the program's seed by _leaves.
 _GENERATOR = torch.Generator()
+# What a "nested" instruction opens: run(nested=f) sets f(ratio) -> a context (a dtr.budget inside the
+# program's block, at ratio times its budget); empty: nothing (the eager reference).
+_NESTED: List[Callable[[float], Any]] = []
 
 
 class Instr(NamedTuple):
@@ -251,6 +257,27 @@ def _exec(ins: Instr, env: Dict[str, torch.Tensor]) -> None:
             for i in range(n):
                 acc = acc + torch.tanh(a * (0.5 + 0.125 * i))
         env[out] = acc
+    elif k == "decode":  # an autoregressive loop: a cache grown each step (cat or index_copy_), read at each
+        a, how, steps, grad = t(args[0]), args[1], args[2], args[3]
+        with (contextlib.nullcontext() if grad else torch.no_grad()):
+            h = torch.tanh(a[:1] * 0.5)
+            if how == "cat":
+                cache = h * 1.0
+            else:  # a buffer written in place, one row a step (a version chain past the pin limit)
+                cache = torch.zeros(steps + 1, a.shape[1])
+                cache.index_copy_(0, torch.tensor([0]), h)
+            for i in range(steps):
+                seen = cache if how == "cat" else cache[: i + 1]
+                attn = torch.softmax(h @ seen.t() * 0.25, dim=-1)  # every step reads the whole cache
+                h = torch.tanh(attn @ seen + h * 0.5)
+                if how == "cat":
+                    cache = torch.cat([cache, h], dim=0)
+                else:
+                    cache.index_copy_(0, torch.tensor([i + 1]), h)
+        env[out] = cache
+    elif k == "nested":  # a block inside the program's (a library's own dtr.budget), around a few ops
+        with (_NESTED[0](args[1]) if _NESTED else contextlib.nullcontext()):
+            env[out] = _block(t(args[0])) * t(args[0])
     elif k == "del":
         del env[args[0]]
     else:
@@ -267,9 +294,9 @@ def _propose(rng: random.Random, env: Dict[str, torch.Tensor], fresh: Callable[[
                         "ones", "del", "max", "index_put", "out", "no_grad", "expand", "masked_select", "where",
                         "cond", "numpy", "batch_norm", "sort", "meta_inplace", "scatter", "cumsum", "autocast",
                         "function", "checkpoint", "randn", "sample", "reseed", "serialize", "sparse", "subclass",
-                        "sums"],
+                        "sums", "decode", "nested"],
                        weights=[14, 12, 10, 14, 14, 5, 3, 4, 3, 2, 8, 3, 3, 3, 2, 2, 2, 2, 2, 1, 2, 2, 3, 2, 2, 2,
-                                2, 2, 2, 4, 2, 2, 2, 2, 3])[0]
+                                2, 2, 2, 4, 2, 2, 2, 2, 3, 2, 2])[0]
     if kind == "randn":
         return Instr(kind, fresh(), (rng.choice(SHAPES),))
     a = _pick(rng, env)
@@ -358,6 +385,15 @@ def _propose(rng: random.Random, env: Dict[str, torch.Tensor], fresh: Callable[[
             return None
         return Instr(kind, fresh(), (rng.choice(["inplace", "inplace", "grad", "grad", "empty"]), a,
                                      rng.choice([6, 9, 12])))
+    if kind == "decode":
+        if env[a].dim() != 2 or not env[a].is_floating_point():
+            return None
+        return Instr(kind, fresh(), (a, rng.choice(["cat", "index_copy"]), rng.choice([6, 12, 24]),
+                                     rng.random() < 0.5))
+    if kind == "nested":
+        if not env[a].is_floating_point():
+            return None
+        return Instr(kind, fresh(), (a, rng.choice([None, 1.0, 0.9, 0.7])))
     if kind == "batch_norm":
         x = env[a]
         ok = x.dim() == 2 and x.shape[0] > 1 and all(f"bn{x.shape[1]}_{w}" in env for w in ("mean", "var"))
@@ -378,6 +414,11 @@ def _leaves(p: Program) -> Tuple[List[torch.Tensor], List[torch.Tensor]]:
     return params, inputs
 
 
+def make_leaves(p: Program) -> Tuple[List[torch.Tensor], List[torch.Tensor]]:
+    """The program's (parameters, inputs), as :func:`run` makes them."""
+    return _leaves(p)
+
+
 def _env(params: List[torch.Tensor], inputs: List[torch.Tensor]) -> Dict[str, torch.Tensor]:
     """Names for the leaves: p* (parameters), x* (inputs), bn*_mean / bn*_var (running statistics, last inputs)."""
     env = {f"p{i}": x for i, x in enumerate(params)}
@@ -393,18 +434,29 @@ def _loss(env: Dict[str, torch.Tensor]) -> torch.Tensor:
     return torch.stack(terms).sum() if terms else torch.zeros(())
 
 
-def run(p: Program, ctx: Optional[Any] = None, check: Optional[Callable[[], None]] = None) -> Result:
+def run(p: Program, ctx: Optional[Any] = None, check: Optional[Callable[[], None]] = None,
+        nested: Optional[Callable[[Optional[float]], Any]] = None,
+        leaves: Optional[Tuple[List[torch.Tensor], List[torch.Tensor]]] = None) -> Result:
     """Execute ``p`` (inside ``ctx`` if given): forward instructions, the loss and its backward.
 
     ``check()``, if given, runs after each instruction and after the backward
-    (a block's ``_check``: its invariants between ops).
+    (a block's ``_check``: its invariants between ops). ``nested(ratio)``
+    makes the context of a "nested" instruction (a block inside ``ctx``; the
+    ratio of its budget to the enclosing one, None for none); without it, the
+    instruction opens nothing. ``leaves``: the program's (parameters,
+    inputs) to use, as :func:`make_leaves` makes them (default: new ones).
 
     Raises whatever the program or the context raises.
     """
-    params, inputs = _leaves(p)
+    params, inputs = leaves if leaves is not None else _leaves(p)
+    _GENERATOR.manual_seed(p.seed + 1)
     torch.manual_seed(p.seed)
-    with (ctx if ctx is not None else contextlib.nullcontext()):
-        loss, env = _step(p, params, inputs, check)
+    _NESTED[:] = [nested] if nested is not None else []
+    try:
+        with (ctx if ctx is not None else contextlib.nullcontext()):
+            loss, env = _step(p, params, inputs, check)
+    finally:
+        _NESTED.clear()
     values = {n: x.detach().clone() for n, x in env.items()}
     return Result(loss.detach().clone(), [None if q.grad is None else q.grad.clone() for q in params], values)
 

@@ -12,10 +12,12 @@ evict and recompute, or the comparison proves nothing.
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import os
 import pathlib
 import sys
+import time
 
 import pytest
 
@@ -24,10 +26,23 @@ torch = pytest.importorskip("torch")
 import dtr  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(__file__))
-from random_programs import Instr, Program, Result, generate, run, run_steps  # noqa: E402
+from random_programs import Instr, Program, Result, generate, make_leaves, run, run_steps  # noqa: E402
 
 SEEDS = range(48)
 FRACTIONS = (0.6, 0.35, 0.2)
+BUDGET_ERRORS = (dtr.OutOfBudgetError, dtr.ThrashingError)
+
+
+def nested(ratio):
+    """The context of a "nested" instruction: a block inside the program's, at ``ratio`` times its budget."""
+    outer = dtr.active_budget()
+    limit = None if ratio is None or outer is None or outer.budget_bytes is None else int(outer.budget_bytes * ratio)
+    return dtr.budget(limit)
+
+
+def time_bound(plain: float) -> float:
+    """How long a run under dtr may take (every run ends: far above what any of these programs needs)."""
+    return 30.0 + 500.0 * plain
 
 
 _BITS = {torch.float32: torch.int32, torch.float64: torch.int64}
@@ -64,20 +79,26 @@ def test_random_programs_are_exact_or_fail_cleanly(heuristic, cost_model):
     evicting = exact = infeasible = 0
     for seed in SEEDS:
         p = generate(seed)
+        start = time.perf_counter()
         want = run(p)
+        plain = time.perf_counter() - start
         b = dtr.budget(None, cost_model=cost_model, heuristic=heuristic)
-        assert_equal(run(p, b, check=b._check), want, f"seed {seed}, no limit")
+        assert_equal(run(p, b, check=b._check, nested=nested), want, f"seed {seed}, no limit")
         peak = b.stats["peak_bytes"]
         const = _constant_bytes(p)
         for f in FRACTIONS:
             limit = int(const + f * max(peak - const, 0))
             b = dtr.budget(limit, cost_model=cost_model, heuristic=heuristic)
             what = f"seed {seed}, {heuristic} ({cost_model}) at {f:.0%} ({limit} bytes)"
+            start = time.perf_counter()
             try:  # (the runtime's invariants are checked after every instruction)
-                got = run(p, b, check=b._check)
-            except (dtr.OutOfBudgetError, dtr.ThrashingError):
+                got = run(p, b, check=b._check, nested=nested)
+            except BUDGET_ERRORS:
                 infeasible += 1
                 continue
+            finally:  # every run ends, exactly or with a budget error
+                took = time.perf_counter() - start
+                assert took < time_bound(plain), f"{what}: {took:.1f} s, plain {plain:.3f} s"
             assert_equal(got, want, what)
             assert b.stats["peak_bytes"] <= limit, what
             exact += 1
@@ -191,3 +212,77 @@ def test_random_programs_that_fail_with_a_budget_error_go_on():
             gc.enable()
         assert_equal(run(p, dtr.budget(None, cost_model="flops")), want, f"seed {300 + seed}, after failures")
     assert failed >= 12, failed
+
+
+def _reset(leaves, saved):
+    """The program's leaves as they were before any run, over the same storages (what dtr remembers between
+    blocks): their values, layouts and autograd state (a run may write a leaf in place, change its strides, or
+    give it autograd history)."""
+    params, inputs = leaves
+    fresh = []
+    with torch.no_grad():
+        for x, v in zip(params + inputs, saved):
+            y = torch.empty(0, dtype=v.dtype).set_(x.untyped_storage(), 0, v.shape, v.stride())
+            y.copy_(v)
+            fresh.append(y)
+    return [y.requires_grad_() for y in fresh[:len(params)]], fresh[len(params):]
+
+
+def _decisions(b) -> tuple:
+    s = b.stats
+    return tuple(s[k] for k in ("evictions", "eager_evictions", "remats", "peak_bytes", "base_compute",
+                                "remat_compute", "ops"))
+
+
+def test_a_block_does_not_depend_on_the_blocks_before_it():
+    """A program run twice in one process over the same leaves, the second time right after a block that failed,
+    makes the same decisions both times (flop costs: reproducible), or fails both times the same way.
+
+    Between the two runs a block of the same program fails with a budget error (a failed block once left nothing
+    for the next block to count from its start, so the program's own parameters and inputs counted only once
+    touched; and the failed step's garbage, alive until the cyclic collector ran, counted as constants).
+
+    Garbage the cyclic collector has not reached yet is memory in use, with or without dtr: the first run of
+    the pair starts after a collection, and dtr itself must collect what the failed block left."""
+    compared = evicting = 0
+    for seed in range(16):
+        p = generate(400 + seed)
+        leaves = make_leaves(p)
+        saved = [x.detach().clone() for x in leaves[0] + leaves[1]]
+        b = dtr.budget(None, cost_model="flops")
+        run(p, b, nested=nested, leaves=_reset(leaves, saved))
+        const = _constant_bytes(p)
+        peak = b.stats["peak_bytes"]
+        limit = int(const + 0.35 * max(peak - const, 0))
+        outcomes = []
+        for fail_first in (False, True):
+            if fail_first:  # a block that fails, caught as a training loop would
+                with pytest.raises(BUDGET_ERRORS):
+                    run(p, dtr.budget(int(const * 0.5), cost_model="flops"), nested=nested,
+                        leaves=_reset(leaves, saved))
+            else:
+                gc.collect()
+            b = dtr.budget(limit, cost_model="flops")
+            try:
+                run(p, b, nested=nested, leaves=_reset(leaves, saved))
+                outcomes.append(("ok", _decisions(b)))
+            except BUDGET_ERRORS as e:
+                outcomes.append((type(e).__name__, _decisions(b)))
+        assert outcomes[0] == outcomes[1], f"seed {400 + seed}: {outcomes}"
+        compared += outcomes[0][0] == "ok"
+        evicting += outcomes[0][1][2] > 0
+    assert compared >= 8 and evicting >= 4, (compared, evicting)
+
+
+def test_generated_programs_cover_caches_and_nested_blocks():
+    """The generator makes the instructions this suite relies on: cache loops of both kinds, with and without
+    autograd, and nested blocks of every ratio."""
+    kinds = set()
+    for seed in SEEDS:
+        for ins in generate(seed).instrs:
+            if ins.kind == "decode":
+                kinds.add(("decode", ins.args[1], ins.args[3]))
+            elif ins.kind == "nested":
+                kinds.add(("nested", ins.args[1]))
+    assert {("decode", how, grad) for how in ("cat", "index_copy") for grad in (False, True)} <= kinds
+    assert {("nested", r) for r in (None, 1.0, 0.9, 0.7)} <= kinds

@@ -93,11 +93,11 @@ struct Env {
   PyTypeObject* buf_type = nullptr;   // storage_table.Buf
   Py_ssize_t buf_weak = 0, buf_strong = 0, buf_shared = 0, buf_dropped = 0;  // its slots' offsets
   PyObject* wall_timer = nullptr;     // timing.WallTimer
-  PyObject* thrashing_error = nullptr;
   PyObject* translated = nullptr;     // core._TRANSLATED
   PyObject* rng_capture = nullptr;    // recompute.rng_capture
   PyObject* size_warning = nullptr;   // mode._size_warning(func, got, predicted)
   PyObject* op_info = nullptr;        // mode._native_op_info(func) -> (fast, seeded, name, call)
+  PyObject* name_failure = nullptr;   // failures.name_failure(mode, exc, func)
   PyObject* effects = nullptr;        // the effects module (its _generation)
   PyObject* effects_dict = nullptr;   // its __dict__ (borrowed from the module, which is kept)
   long recent_ops = 4, gc_min_ops = 256, max_versions = 8;
@@ -122,7 +122,7 @@ struct Names {
 // of its Liveness (dtr/runtime/liveness.py), read at their offsets, found once by configure().
 #define DTR_MODE_SLOTS(X)                                                                                    \
   X(device_type) X(_opaque_readers) X(timer) X(recorder) X(ops_seen) X(liveness) X(table) X(recomputer)      \
-  X(_ops_at_gc) X(_live_after_gc) X(thrash_limit)
+  X(_ops_at_gc) X(_live_after_gc)
 #define DTR_TABLE_SLOTS(X) X(version) X(cdata_of) X(phys) X(handle) X(alive) X(versions) X(_next_handle)
 #define DTR_LIVENESS_SLOTS(X) X(recent) X(next_full_poll) X(on_schedule)
 #define DTR_SLOT_ENUM(n) n,
@@ -1036,13 +1036,10 @@ PyObject* run_fallback(FastPath* f, PyObject* func, PyObject* types, PyObject* a
   return r;
 }
 
-// remat_allowance(thrash_limit, core.base_compute), the core's rule (csrc/core.h), through its table.
-double allowance(FastPath* f, double limit) { return api->remat_allowance(limit, api->base_compute(f->c)); }
-
 // Everything after the op ran (DTRMode._commit for an op that writes nothing).
-// (ops_seen and lim: the mode's ops_seen and thrash_limit, which nothing changes while an op runs.)
+// (ops_seen: the mode's ops_seen, which nothing changes while an op runs.)
 PyObject* commit(FastPath* f, PyObject* func, const OpInfo* info, Entry* e, Scratch& scratch, long op, PyObject* out,
-                 double cost, PyObject* rng, long ops_seen, double lim, long written, bool to_constant) {
+                 double cost, PyObject* rng, long ops_seen, long written, bool to_constant) {
   Scan& s = scratch.scan;
   const std::vector<long>& ins = scratch.ins;
   Ref out_ref = borrowed(out);
@@ -1287,25 +1284,14 @@ PyObject* commit(FastPath* f, PyObject* func, const OpInfo* info, Entry* e, Scra
         Ref r(PyObject_CallMethodOneArg(recorder, names.pin, h));
         if (!r) return nullptr;
       }
-      Ref r(PyObject_CallMethodOneArg(f->core, names.pin, new_k.get()));
+      Ref why(PyLong_FromLong(3));  // dtr._C.Hold.VERSION_CHAIN (csrc/core.h): why it is pinned
+      Ref r(why ? PyObject_CallMethodObjArgs(f->core, names.pin, new_k.get(), why.get(), nullptr) : nullptr);
       if (!r) return nullptr;
     }
   }
   if (ops_seen - mget_long(f, S::_ops_at_gc) > std::max(env.gc_min_ops, mget_long(f, S::_live_after_gc))) {
     Ref r(PyObject_CallMethodNoArgs(f->mode, names.collect));
     if (!r) return nullptr;
-  }
-  double rc = api->remat_compute(f->c);
-  if (std::isfinite(lim)) {
-    double allowed = allowance(f, lim);
-    if (rc > allowed) {
-      Ref msg(PyUnicode_FromFormat("while running %S", func));
-      Ref a(PyFloat_FromDouble(rc)), b(PyFloat_FromDouble(allowed));
-      Ref exc(msg && a && b ? PyObject_CallFunctionObjArgs(env.thrashing_error, a.get(), b.get(), msg.get(), nullptr)
-                            : nullptr);
-      if (exc) PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(exc.get())), exc.get());
-      return nullptr;
-    }
   }
   return out_ref.release();
 }
@@ -1350,8 +1336,8 @@ bool set_device_from(FastPath* f, PyObject* args, PyObject* kwargs) {
   return static_cast<bool>(done);
 }
 
-PyObject* fast_call(FastPath* f, PyObject* func, PyObject* types, PyObject* args, PyObject* kwargs,
-                    const KeyCall* kc) {
+PyObject* fast_call_op(FastPath* f, PyObject* func, PyObject* types, PyObject* args, PyObject* kwargs,
+                       const KeyCall* kc) {
   if (kwargs == Py_None || (kwargs != nullptr && PyDict_GET_SIZE(kwargs) == 0)) kwargs = nullptr;
   if (PyTuple_Check(types)) {  // a tensor subclass's op: the reference declines it (mode.py's Note [Tensor
     for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(types); ++i)  // subclasses]; torch.Tensor itself may be named)
@@ -1472,11 +1458,6 @@ PyObject* fast_call(FastPath* f, PyObject* func, PyObject* types, PyObject* args
     }
     cost = e->flops;
   }
-  PyObject* limit = mget(f, S::thrash_limit);
-  double lim = limit ? PyFloat_AsDouble(limit) : INFINITY;
-  if (std::isfinite(lim)) {  // let the core stop a runaway chain of recomputations as it happens
-    api->set_remat_limit(f->c, allowance(f, lim));
-  }
   std::vector<int>& in_ids = scratch.in_ids;
   in_ids.assign(ins.begin(), ins.end());
   int op;
@@ -1547,9 +1528,26 @@ PyObject* fast_call(FastPath* f, PyObject* func, PyObject* types, PyObject* args
   }
   auto t1 = std::chrono::steady_clock::now();
   if (f->measured) cost = static_cast<double>(std::chrono::duration_cast<std::chrono::nanoseconds>(t1 - t0).count());
-  PyObject* result = commit(f, func, info, e, scratch, op, out, cost, rng.get(), ops_seen, lim, written, to_constant);
+  PyObject* result = commit(f, func, info, e, scratch, op, out, cost, rng.get(), ops_seen, written, to_constant);
   Py_DECREF(out);
   return result;
+}
+
+// fast_call_op, naming the op in a budget error that leaves it (dtr/runtime/failures.py: the core reports ids).
+PyObject* fast_call(FastPath* f, PyObject* func, PyObject* types, PyObject* args, PyObject* kwargs,
+                    const KeyCall* kc) {
+  PyObject* r = fast_call_op(f, func, types, args, kwargs, kc);
+  if (r == nullptr && PyErr_Occurred() && env.name_failure != nullptr) {
+    PyObject *t, *v, *tb;
+    PyErr_Fetch(&t, &v, &tb);
+    PyErr_NormalizeException(&t, &v, &tb);
+    if (tb != nullptr && v != nullptr) PyException_SetTraceback(v, tb);
+    PyObject* named = v ? PyObject_CallFunctionObjArgs(env.name_failure, f->mode, v, func, nullptr) : nullptr;
+    if (named == nullptr) PyErr_Clear();  // (the error itself is the one the program sees)
+    Py_XDECREF(named);
+    PyErr_Restore(t, v, tb);
+  }
+  return r;
 }
 
 
@@ -2079,9 +2077,10 @@ PyObject* configure(PyObject*, PyObject* kwargs_dict) {
     return nullptr;
   if (!(env.slot_type = item("Slot")) || !(env.recipe_type = item("Recipe")) ||
       !(env.wall_timer = item("WallTimer")) ||
-      !(env.thrashing_error = item("ThrashingError")) || !(env.translated = item("TRANSLATED")) ||
+      !(env.translated = item("TRANSLATED")) ||
       !(env.rng_capture = item("rng_capture")) || !(env.size_warning = item("size_warning")) ||
-      !(env.op_info = item("op_info")) || !(env.effects = item("effects")))
+      !(env.op_info = item("op_info")) || !(env.effects = item("effects")) ||
+      !(env.name_failure = item("name_failure")))
     return nullptr;
   if (!PyModule_Check(env.effects) || (env.effects_dict = PyModule_GetDict(env.effects)) == nullptr) {
     PyErr_SetString(PyExc_TypeError, "configure: effects must be the dtr.runtime.effects module");

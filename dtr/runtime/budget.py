@@ -4,14 +4,15 @@ from __future__ import annotations
 import gc
 import json
 import os
+import threading
 import warnings
-from typing import List, Optional, Union
+from typing import Any, Dict, List, Optional, Union
 
 import torch
 from torch.utils._python_dispatch import _disable_current_modes, _get_current_dispatch_mode_stack
 
 from dtr.core import Core, make_config
-from dtr.errors import BudgetWarning, OutOfBudgetError, ThrashingError
+from dtr.errors import BudgetWarning, NestingError, OutOfBudgetError, ThrashingError
 from dtr.heuristics import Heuristic, get_heuristic, heuristic_names
 from dtr.runtime.costs import get_cost_model
 from dtr.runtime.escapes import patch_escapes
@@ -22,7 +23,7 @@ from dtr.runtime.recorder import LogRecorder
 from dtr.semantics import RUNTIME, check_thrash_limit
 from dtr.units import parse_bytes
 
-__all__ = ["budget", "Budget", "check_device"]
+__all__ = ["budget", "Budget", "active_budget", "check_device"]
 
 
 # Note [Garbage collection during a block]
@@ -69,8 +70,24 @@ __all__ = ["budget", "Budget", "check_device"]
 # context and cause) are cleared, with torch's wrappers around
 # __torch_dispatch__ (they hold the mode): the program's frames are left as
 # they are.
+#
+# Note [A failed block leaves nothing to the next]
+# A block's outcome depends only on its program and its budget, never on the
+# blocks before it. A failed one leaves two things behind. The storages the
+# program still holds are remembered for the next block as any block's are
+# (Note [Constants from earlier blocks] in mode.py); a failed block once
+# remembered none, so the next one counted the program's parameters only from
+# their first use, and made other decisions than after a block that ended
+# normally. And the failed step's own tensors are still alive when its
+# exception has been caught and dropped, until the cyclic garbage collector
+# runs (frames, autograd graphs and checkpointing regions hold each other):
+# the next block would count them as constants. So the first block after a
+# failed one, if any storage the failed block left is still alive, collects
+# the garbage (gc.collect(), once: a tenth of a second in a large process,
+# paid only then) before it counts what earlier blocks left.
 _OWN_CODE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the dtr package
 _TORCH_CODE = os.path.dirname(os.path.abspath(torch.__file__))
+_AFTER_FAILURE: Dict[str, Any] = {}  # "left": what the last failed block left (see the Note above)
 
 
 def _clear_own_frames(exc: BaseException) -> None:
@@ -101,6 +118,50 @@ def _clear_own_frames(exc: BaseException) -> None:
                 except RuntimeError:  # still running (the frame that handles it)
                     pass
         stack += [e.__context__, e.__cause__]
+
+
+# Note [Nested blocks]
+# Libraries open blocks inside their users' blocks: a trainer integration, a
+# model's own memory-saving wrapper. Two cores over one program would each
+# evict and recompute storages the other counts as resident, so an inner block
+# (entered in the same thread while another is active) runs on the outer
+# block's core and tables: the tighter of the two budgets binds while the inner
+# block runs (and the tighter thrash limit), and the outer's come back when it
+# ends. Each block has its own stats: the inner block's counters are those
+# since it began (its peak too: the core's peak restarts at its entry and the
+# outer's peak absorbs it at its exit). What the outer block fixed for the
+# whole run cannot change inside it: its heuristic, cost model, device, per-op
+# path and entry, its log. An inner block inherits them; one that asks for a
+# different one (a value other than the default) raises NestingError, as does
+# leaving blocks in another order than they were entered. The outer block
+# alone brings back what the program holds at its end; an inner block leaves
+# that to it.
+_ACTIVE = threading.local()  # .stack: this thread's active blocks, outermost first
+
+# The options an inner block inherits, with their defaults (budget()'s).
+_INHERITED: Dict[str, Any] = {"heuristic": "eqclass", "log": None, "cost_model": "time", "sample": 0, "seed": 0,
+                              "device": None, "log_meta": None, "eqclass_split": True, "native": None,
+                              "entry": None}
+
+
+def _active_blocks() -> List["Budget"]:
+    stack = getattr(_ACTIVE, "stack", None)
+    if stack is None:
+        stack = _ACTIVE.stack = []
+    return stack
+
+
+def active_budget() -> Optional["Budget"]:
+    """The innermost ``dtr.budget`` block active in this thread, or None.
+
+    A library that opens its own block inside a user's can read the user's
+    budget here (``active_budget().budget_bytes``) to choose its own.
+    """
+    stack = _active_blocks()
+    return stack[-1] if stack else None
+
+
+_STAT_COUNTERS = ("evictions", "eager_evictions", "remats", "base_compute", "remat_compute")
 
 
 class Budget:
@@ -153,10 +214,22 @@ class Budget:
         if entry is not None and not isinstance(entry, str):
             raise TypeError(f"entry must be 'mode', 'key' or None, not {entry!r}")
         self.entry = use_entry(entry, self.native, self._device)  # how the block's ops reach it
+        given = {"heuristic": heuristic, "log": log, "cost_model": cost_model, "sample": sample, "seed": seed,
+                 "device": device, "log_meta": log_meta, "eqclass_split": eqclass_split, "native": native,
+                 "entry": entry}
+        # What this block asks for, as it runs it (an inner block cannot change it: Note [Nested blocks]).
+        effective = {"heuristic": self.heuristic.name, "log": log, "cost_model": self.cost_model.unit,
+                     "sample": sample, "seed": seed, "device": self._device, "log_meta": log_meta,
+                     "eqclass_split": eqclass_split, "native": self.native, "entry": self.entry}
+        self._asked = {k: effective[k] for k, v in given.items() if v is not _INHERITED[k] and v != _INHERITED[k]}
+        self._runs = effective
         self._core: Optional[Core] = None
         self._mode: Optional[DTRMode] = None
         self._final: Optional[dict] = None
         self._froze = False
+        self._outer: Optional["Budget"] = None  # the block this one is nested in (Note [Nested blocks])
+        self._base: Dict[str, float] = {}       # the counters when a nested block began
+        self._saved: tuple = ()                 # the outer block's budget, thrash limit and peak
 
     @property
     def stats(self) -> dict:
@@ -168,20 +241,19 @@ class Budget:
 
     def _read_stats(self) -> dict:
         assert self._core is not None and self._mode is not None, "only once the block has begun"
-        c = self._core.counters
-        return {
+        c, base = self._core.counters, self._base  # (a nested block's: those since it began)
+        stats = {
             "budget_bytes": self.budget_bytes,
-            "evictions": c["evictions"],
-            "eager_evictions": c["eager_evictions"],
-            "remats": c["remats"],
-            "remat_seconds": self._mode.remat_seconds,
+            **{k: c[k] - base.get(k, 0) for k in _STAT_COUNTERS},
+            "remat_seconds": self._mode.remat_seconds - base.get("remat_seconds", 0.0),
             "peak_bytes": c["peak_memory"],
             "memory_bytes": c["memory"],
-            "base_compute": c["base_compute"],
-            "remat_compute": c["remat_compute"],
             "cost_unit": self.cost_model.unit,
-            "ops": self._mode.ops_seen,
+            "ops": self._mode.ops_seen - int(base.get("ops", 0)),
         }
+        return {k: stats[k] for k in ("budget_bytes", "evictions", "eager_evictions", "remats", "remat_seconds",
+                                      "peak_bytes", "memory_bytes", "base_compute", "remat_compute", "cost_unit",
+                                      "ops")}
 
     def _check(self) -> None:
         """Assert the running block's invariants (DTRMode._check): tests call it between ops. O(its tables).
@@ -193,21 +265,26 @@ class Budget:
             self._mode._check()
 
     def __enter__(self) -> "Budget":
-        if self._mode is not None:
+        if self._mode is not None or self._final is not None:
             raise RuntimeError("a dtr.budget cannot be entered twice; create a new one")
+        active = _active_blocks()
+        if active:
+            return self._enter_nested(active[-1])
         if any(isinstance(m, DTRMode) for m in _get_current_dispatch_mode_stack()) or _key_active():
-            # Two cores would each evict and recompute storages the other one counts as resident.
-            raise RuntimeError("dtr.budget blocks do not nest: this block is inside another dtr.budget block; "
-                               "use one block (the outer one's budget applies to everything inside it)")
+            # (a block of this thread's is always on its stack: this is a mode or key dtr did not enter)
+            raise NestingError("a dtr runtime is already active in this thread outside any dtr.budget block")
+        left = _AFTER_FAILURE.pop("left", ())  # see Note [A failed block leaves nothing to the next]
+        if any(b.get() is not None for b in left):
+            gc.collect()
+        del left
         self._core = Core(self.heuristic, self.budget_bytes, semantics=self.semantics, seed=self._seed,
-                          sample=self._sample)
+                          sample=self._sample, thrash_limit=self.thrash_limit)
         recorder = None
         if self.log_path is not None:  # the meta line records the semantics: a replay makes the same decisions
             recorder = LogRecorder(self.log_path, {
                 **self.log_meta, "cost_unit": self.cost_model.unit, "budget_bytes": self.budget_bytes,
                 "heuristic": self.heuristic.name, "recorded_by": "dtr.budget", **self.semantics.to_meta()})
-        self._mode = DTRMode(self._core, self.cost_model, recorder, self.thrash_limit, self._device, self.native,
-                             self.entry)
+        self._mode = DTRMode(self._core, self.cost_model, recorder, self._device, self.native, self.entry)
         self._restore_escapes = patch_escapes(self._mode.escape)
         # See Note [Compiled code in a block]; set_stance sets it now, and its __exit__ restores the old one.
         self._stance = torch.compiler.set_stance("force_eager")
@@ -221,11 +298,64 @@ class Budget:
         self._froze = gc.isenabled() and gc.get_freeze_count() == 0
         if self._froze:
             gc.freeze()
+        active.append(self)
         return self
+
+    def _enter_nested(self, outer: "Budget") -> "Budget":
+        """Enter as a block inside ``outer`` (Note [Nested blocks]): its core, the tighter budget and limit."""
+        clash = sorted(k for k, v in self._asked.items() if k == "log" or outer._runs[k] != v)
+        if clash:
+            asked = ", ".join(f"{k}={self._asked[k]!r}" for k in clash)
+            raise NestingError(f"a dtr.budget block inside another runs on the outer block's runtime and cannot "
+                               f"change {', '.join(clash)} (asked for {asked}); give an inner block only a budget "
+                               f"and a thrash limit, or set these on the outer block")
+        core, mode = outer._core, outer._mode
+        assert core is not None and mode is not None, "an active block has a core"
+        self.native, self.entry, self._device = outer.native, outer.entry, outer._device
+        self.heuristic, self.cost_model, self.semantics = outer.heuristic, outer.cost_model, outer.semantics
+        outer_budget = None if core.budget < 0 else core.budget
+        tighter = min((b for b in (outer_budget, self.budget_bytes) if b is not None), default=None)
+        with mode.off():  # (what the program dropped is no longer resident; the tighter budget binds from now)
+            mode.poll()
+            self._saved = (outer_budget, core.thrash_limit, core.restart_peak())
+            core.set_budget(tighter)
+            try:
+                core.fit_budget()
+            except BaseException:
+                core.set_budget(outer_budget)
+                core.raise_peak(self._saved[2])
+                raise
+        core.set_thrash_limit(min(core.thrash_limit, self.thrash_limit))
+        c = core.counters
+        self._base = {**{k: c[k] for k in _STAT_COUNTERS}, "remat_seconds": mode.remat_seconds,
+                      "ops": mode.ops_seen}
+        self._outer, self._core, self._mode = outer, core, mode
+        _active_blocks().append(self)
+        return self
+
+    def _exit_nested(self) -> None:
+        """Leave a nested block: its stats, and the outer block's budget, thrash limit and peak again."""
+        core = self._core
+        assert core is not None
+        self._final = self._read_stats()
+        outer_budget, outer_limit, outer_peak = self._saved
+        core.set_budget(outer_budget)
+        core.set_thrash_limit(outer_limit)
+        core.raise_peak(outer_peak)
+        self._core = None
 
     def __exit__(self, exc_type, exc, tb) -> None:
         mode, core = self._mode, self._core
         assert mode is not None and core is not None, "__exit__ without __enter__"
+        active = _active_blocks()
+        if not active or active[-1] is not self:
+            raise NestingError("dtr.budget blocks must end in the reverse order they began (this one is not the "
+                               "innermost active block of this thread)")
+        active.pop()
+        if self._outer is not None:
+            self._exit_nested()
+            return None
+        failed = exc is not None
         if exc is not None:
             _clear_own_frames(exc)  # see Note [Nothing of a failed block stays alive]
         try:
@@ -233,7 +363,11 @@ class Budget:
             mode.exit_dispatch(exc_type, exc, tb)
             with _disable_current_modes():  # every tensor the program still holds is resident again
                 if exc_type is None:
-                    mode.finish()
+                    try:
+                        mode.finish()
+                    except BaseException:
+                        failed = True
+                        raise
                 else:  # (see Note [The end of a block] in mode.py; the block's own exception goes on)
                     try:
                         mode.finish()
@@ -247,8 +381,9 @@ class Budget:
             self._stance.__exit__(None, None, None)
             if self._froze:
                 gc.unfreeze()
-            if exc_type is None:
-                mode.carry_out()  # see Note [Constants from earlier blocks] in mode.py
+            added = mode.carry_out()  # see Note [Constants from earlier blocks] in mode.py (a failed block's too)
+            if failed:  # what it left may be garbage the next block must not count
+                _AFTER_FAILURE["left"] = added
             self._final = self._read_stats()
             if mode.recorder is not None:
                 mode.recorder.close()
@@ -305,10 +440,14 @@ def budget(limit: Union[None, int, str], *, heuristic: Union[str, Heuristic] = "
     inputs, activations, gradients, optimizer state); tensors that existed
     before the block are constants (counted, never evicted), from the first op
     that touches them, or from the block's first op if an earlier block on the
-    device (that ended normally) touched them and they are still alive: like a
-    device memory cap, a step's forward counts the gradients of the last step.
+    device saw the program hold them at its end and they are still alive: like
+    a device memory cap, a step's forward counts the gradients of the last step.
     When an op would exceed the budget, dtr evicts the storages the heuristic
     ranks cheapest and recomputes them when they are needed again.
+
+    Blocks nest: a block entered inside another (in the same thread) runs on
+    the outer block's runtime, the tighter of the two budgets binds while it
+    runs, and it has stats of its own (Note [Nested blocks]).
 
     ``torch.compile``: inside the block, compiled functions run their ops
     eagerly (the block sets the ``"force_eager"`` compiler stance, and
@@ -328,7 +467,9 @@ def budget(limit: Union[None, int, str], *, heuristic: Union[str, Heuristic] = "
             without a synchronization per op: see dtr/runtime/timing.py) or
             ``"flops"`` (deterministic; decisions are then reproducible and replayable).
         thrash_limit: raise :class:`dtr.ThrashingError` once recomputation
-            passes ``thrash_limit - 1`` times the block's own compute so far: a
+            passes ``thrash_limit - 1`` times the block's own compute so far, or
+            the number of recomputations passes ``thrash_limit - 1`` times the
+            number of ops it computed (ops that cost nothing count too): a
             number >= 1 (1: no recomputation at all), or None for no limit.
         sample: score only this many random pool members per eviction (0: all).
         seed: seed of the ``random`` heuristic and of sampling.
@@ -363,14 +504,21 @@ def budget(limit: Union[None, int, str], *, heuristic: Union[str, Heuristic] = "
 
     Raises:
         dtr.OutOfBudgetError: (inside the block) no eviction can make room;
-            names the budget and the memory needed.
-        dtr.ThrashingError: (inside the block) recomputation passed the limit.
+            names the budget, the memory needed, the op about to run and what
+            filled the budget (``.report``: every storage dtr could not evict
+            and why; :class:`dtr.budget_report.BudgetReport`).
+        dtr.ThrashingError: (inside the block) recomputation passed the
+            thrash limit, in compute or in count.
         dtr.errors.BudgetError: ``limit`` is not a size.
         TypeError, ValueError: another argument is invalid (an unknown
             heuristic or cost model names the valid ones; a device this torch
             cannot use; ``log_meta`` that is not JSON); nothing is written.
-        RuntimeError: (on entering) the block is inside another ``dtr.budget``
-            block: blocks do not nest.
+        dtr.errors.NestingError: (on entering) the block is inside another
+            ``dtr.budget`` block and asks for something only the outer block
+            sets (a heuristic, cost model, device, per-op path, entry or log
+            of its own); or (on leaving) blocks ended out of order. Nested
+            blocks otherwise work: the tighter budget binds inside, and each
+            block has its own stats (Note [Nested blocks]).
     """
     return Budget(limit, heuristic=heuristic, log=log, cost_model=cost_model, thrash_limit=thrash_limit,
                   sample=sample, seed=seed, device=device, log_meta=log_meta, eqclass_split=eqclass_split,

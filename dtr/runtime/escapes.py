@@ -67,7 +67,7 @@ _ESCAPING_FUNCTIONS = ((torch.utils.dlpack, "to_dlpack"), (torch, "to_dlpack"))
 _HIDDEN = ("__dlpack_c_exchange_api__",)
 
 _depth = threading.local()  # escapes in progress on this thread
-# The active block's escape (blocks do not nest: one at a time), which every wrapper calls. The wrappers
+# The active block's escape (the outermost one's: a nested block uses it), which every wrapper calls. The wrappers
 # are made once per original and kept, so that entering a block does not build them again each time.
 _active: List[Optional[Callable[[torch.Tensor, bool], None]]] = [None]
 _wrappers: Dict[Tuple[int, bool], Tuple[Callable, Callable]] = {}  # (id(original), pin) -> (original, wrapper)

@@ -15,10 +15,11 @@ import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes, _get_current_dispatch_mode_stack
 
-from dtr.core import Core
+from dtr.core import Core, Hold
 from dtr.errors import OutOfBudgetError, ThrashingError
 from dtr.runtime.costs import CostModel
 from dtr.runtime.effects import has_hidden_writes, may_write, overwrites_self, schema_writes, written_args
+from dtr.runtime.failures import name_failure, recomputed_op_name
 from dtr.runtime.liveness import Liveness
 from dtr.runtime.prediction import PREDICTIONS, Prediction
 from dtr.runtime.pytree import count_leaves, tree_flatten
@@ -26,7 +27,6 @@ from dtr.runtime.recompute import Recipe, Recomputer, RngStates, Slot, rng_captu
 from dtr.runtime.recorder import LogRecorder
 from dtr.runtime.storage_table import Buf, StorageTable, opaque, subclass_types, wrapper
 from dtr.runtime.timing import ProvisionalCosts, Timer, WallTimer, make_timer
-from dtr.semantics import remat_allowance
 
 __all__ = ["DTRMode"]
 
@@ -45,13 +45,17 @@ _COMPACT_MIN_OPS = 4096  # see Note [Compaction]
 # later layers' weights). The budget is meant as a device cap, so when a block
 # ends, the storages the program still holds are remembered (weakly, per
 # device type) and the next block on that device counts those still alive
-# from its first op, as constants (only after a block that ended normally: a
-# failed one leaves the program's state to its traceback, not to the next
-# block). One ``with`` per training step thus counts
-# parameters, gradients and optimizer state from the start of every step after
-# the first; with one ``with`` around all steps they stay in the core anyway.
-# A remembered storage the program drops is dead, so it is freed at a poll.
-_CARRIED: Dict[str, List["Buf"]] = {}  # weakly held buffers; see Note [Constants from earlier blocks]
+# from its first op, as constants. What is remembered accumulates over the
+# blocks: every storage an earlier block saw the program hold at its end, as
+# long as it lives, whether or not the last block touched it and whether or
+# not that block failed (Note [A failed block leaves nothing to the next] in
+# budget.py): a block failing at its first op, before it had counted them, once
+# made the next one count the parameters only when touched. One ``with`` per
+# training step thus counts parameters, gradients and optimizer state from the
+# start of every step after the first; with one ``with`` around all steps they
+# stay in the core anyway. A remembered storage the program drops is dead, so
+# it is freed at a poll.
+_CARRIED: Dict[str, Dict[int, "Buf"]] = {}  # device type -> storage address -> weakly held buffer
 _REMAT = "remat"    # the timer's tag of a recomputation (see Note [Measured costs])
 _SEEDED = torch.Tag.nondeterministic_seeded  # a random op: its generator state is saved for recomputation
 
@@ -169,16 +173,14 @@ class DTRMode(TorchDispatchMode):
     """Runs ops through the DTR core. Created and entered by :class:`dtr.budget`."""
 
     __slots__ = ("device_type", "_opaque_readers", "timer", "recorder", "ops_seen", "liveness", "table",
-                 "recomputer", "_ops_at_gc", "_live_after_gc", "thrash_limit")
+                 "recomputer", "_ops_at_gc", "_live_after_gc")
 
     def __init__(self, core: Core, cost_model: CostModel, recorder: Optional[LogRecorder],
-                 thrash_limit: float, device: Optional[torch.device] = None, native: bool = False,
-                 entry: str = "mode"):
+                 device: Optional[torch.device] = None, native: bool = False, entry: str = "mode"):
         super().__init__()
-        self.core = core
+        self.core = core  # (it applies the block's thrash limit itself: Note [The thrash limit] in dtr.semantics)
         self.cost_model = cost_model
         self.recorder = recorder
-        self.thrash_limit = thrash_limit
         self.device_type = device.type if device is not None else None
         self.device: Optional[torch.device] = device
         self.table = StorageTable()  # buffers, addresses, handles, liveness (Note [The storage table])
@@ -203,7 +205,7 @@ class DTRMode(TorchDispatchMode):
         self._fast: Any = None
         if native or entry == "key":  # see Note [The native per-op path] in csrc/native/fastpath.cpp
             from dtr.runtime.native import fast_path
-            fp = self._fast = fast_path(self, DTRMode.__torch_dispatch__)  # (it also takes over the core's hooks)
+            fp = self._fast = fast_path(self, DTRMode._dispatch)  # (it also takes over the core's hooks)
             # The same steps in C++ (tests/test_native.py compares the two paths' logs line by line).
             if native:
                 self.__torch_dispatch__ = fp  # type: ignore[method-assign]
@@ -272,16 +274,26 @@ class DTRMode(TorchDispatchMode):
         self.device_type = device.type
         self.device = self.recomputer.device = device
         self.timer = make_timer(device, self._on_timed, sync=self.recorder is not None)
-        for w in _CARRIED.pop(device.type, ()):  # see Note [Constants from earlier blocks]
+        for w in list(_CARRIED.get(device.type, {}).values()):  # see Note [Constants from earlier blocks]
             st = w.get()
             if st is not None:
                 self._constant(st)
 
-    def carry_out(self) -> None:
-        """Remember the resident storages the program still holds, for the next block on this device."""
+    def carry_out(self) -> List["Buf"]:
+        """Remember the resident storages the program still holds, for the next block on this device; those
+        remembered only now (weakly held)."""
         if self.device_type is None:
-            return
-        _CARRIED[self.device_type] = self._carried()
+            return []
+        remembered = {k: b for k, b in _CARRIED.get(self.device_type, {}).items() if b.get() is not None}
+        added = []
+        for b in self._carried():
+            st = b.get()
+            if st is not None:
+                if st._cdata not in remembered:
+                    added.append(b)
+                remembered[st._cdata] = b
+        _CARRIED[self.device_type] = remembered
+        return added
 
     def _carried(self) -> List["Buf"]:
         """Each resident storage the program still holds, once, in a buffer that holds it weakly. O(live tensors)."""
@@ -399,6 +411,14 @@ class DTRMode(TorchDispatchMode):
     # the Python key excluded, through the dispatch key) leaves it alone as a
     # tensor of another layout (Note [Other layouts]; storage_table.opaque).
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        try:
+            return self._dispatch(func, types, args, kwargs)
+        except (OutOfBudgetError, ThrashingError) as e:  # the core names ids; the user reads op names
+            name_failure(self, e, func)
+            raise
+
+    def _dispatch(self, func, types, args=(), kwargs=None):
+        """The reference per-op path (``__torch_dispatch__`` without naming budget errors)."""
         if types and subclass_types(types):  # see Note [Tensor subclasses]
             return NotImplemented
         kwargs = kwargs or {}
@@ -465,8 +485,6 @@ class DTRMode(TorchDispatchMode):
         cost = 0.0  # a view computes nothing
         if not self.cost_model.measured and (sizes or plain_writes or const_writes):
             cost = self.cost_model.estimate(func, args, kwargs, pred.metas)
-        if self.thrash_limit != math.inf:  # let the core stop a runaway chain of recomputations as it happens
-            core.set_remat_limit(remat_allowance(self.thrash_limit, core.base_compute))
         op = core.begin_call(ins, all_sizes, [-1] * len(all_sizes), inplace_of, cost)
         try:
             out, flat_out, cost, pending = self._execute(func, args, kwargs, cost, sig)
@@ -621,13 +639,9 @@ class DTRMode(TorchDispatchMode):
             if n >= _MAX_VERSIONS:
                 if self.recorder is not None:
                     self.recorder.pin(table.handle[new])
-                core.pin(new)
+                core.pin(new, Hold.VERSION_CHAIN)
         if self.ops_seen - self._ops_at_gc > max(_GC_MIN_OPS, self._live_after_gc):
             self.collect()
-        if self.thrash_limit != math.inf:
-            allowed, rc = remat_allowance(self.thrash_limit, core.base_compute), core.remat_compute
-            if rc > allowed:
-                raise ThrashingError(rc, allowed, f"while running {func}")
 
     # Note [Other layouts]
     # dtr evicts and recomputes strided storages only. A tensor of another
@@ -672,7 +686,7 @@ class DTRMode(TorchDispatchMode):
                         if core.refs(t) > 0:  # the program holds it: keep its value as it is now
                             if self.recorder is not None:
                                 self.recorder.pin(self.table.handle[t])
-                            core.pin(t)
+                            core.pin(t, Hold.PROTECTED)
                         core.protect(s)  # and what the program holds that was computed from it
 
     def _run_untracked_inputs(self, func, args, kwargs, leaves, spec):
@@ -820,12 +834,16 @@ class DTRMode(TorchDispatchMode):
         with self.off():
             if not self.core.defined(t):
                 self.poll()
-            if pin:
-                if self.recorder is not None:
-                    self.recorder.pin(self.table.handle[t])
-                self.core.pin(t)
-            else:
-                self.core.require(t)
+            try:
+                if pin:
+                    if self.recorder is not None:
+                        self.recorder.pin(self.table.handle[t])
+                    self.core.pin(t, Hold.ESCAPED)
+                else:
+                    self.core.require(t)
+            except (OutOfBudgetError, ThrashingError) as e:
+                name_failure(self, e, "bringing back a tensor whose bytes are read outside PyTorch")
+                raise
 
     def collect(self) -> None:
         """Drop the recipes of ops the core will never run again and the buffers of storages it
@@ -885,16 +903,21 @@ class DTRMode(TorchDispatchMode):
     # Note [The end of a block]
     # When a block ends, every tensor the program still holds must have its
     # bytes again: without the mode nothing could recompute it, and a tensor
-    # whose storage holds 0 bytes reads freed memory. If what the program holds
-    # does not fit in the budget (it kept more activations than the budget
-    # allows), or bringing it back passes the thrashing limit, the failure is
-    # still raised (OutOfBudgetError naming what was needed, ThrashingError),
-    # but only after everything came back with that limit lifted, so that a
-    # program that catches it loses nothing. A block left by an exception
-    # (out of budget, thrashing, the program's own) brings back what the
-    # program holds the same way before that exception propagates. Only if a
-    # recomputation itself fails does a BudgetWarning say that the tensors
-    # dtr had evicted stay unusable.
+    # whose storage holds 0 bytes reads freed memory. They come back as one
+    # materialization (Core.pin_many: what several of them need is recomputed
+    # once). If what the program holds does not fit in the budget (it kept more
+    # activations than the budget allows), or bringing it back passes the
+    # thrash limit, the failure is still raised (OutOfBudgetError saying what
+    # filled the budget, ThrashingError), but only after everything came back
+    # with the limits lifted, so that a program that catches it loses nothing.
+    # A thrashing bring-back continues with no budget as well as no thrash
+    # limit: with nothing to evict, every planned recomputation runs at most
+    # once (the core's Note [Planned recomputation]), so it ends; with the
+    # budget kept, evictions could make it thrash without end. A block left by
+    # an exception (out of budget, thrashing, the program's own) brings back
+    # what the program holds the same way before that exception propagates.
+    # Only if a recomputation itself fails does a BudgetWarning say that the
+    # tensors dtr had evicted stay unusable.
     def finish(self) -> None:
         """Bring back every tensor the program still holds (the output condition); see Note [The end of a block].
 
@@ -904,36 +927,41 @@ class DTRMode(TorchDispatchMode):
         """
         core = self.core
         self.poll()
-        budget, lifted = core.budget, set()
-        failure: Optional[tuple] = None  # (OutOfBudgetError, needed) or (ThrashingError, remat_compute, limit)
-        while True:  # each limit is lifted once: at most three rounds
+        budget = core.budget
+        # The first failure's figures, not the exception: its traceback holds this frame, a cycle that kept the
+        # failed block's tensors alive until the next garbage collection (budget.py's Note [Nothing of a failed
+        # block stays alive]).
+        failure: Optional[tuple] = None
+        while True:  # each failure lifts a limit: at most three rounds
             try:
-                core.pin_many(list(self.table.alive.values()))
+                core.pin_many(list(self.table.alive.values()), Hold.OUTPUT)
                 break
             except (ThrashingError, OutOfBudgetError) as e:
-                kind = type(e)
-                if kind in lifted:  # cannot happen with the limit gone; never loop on it
+                if core.budget < 0 and core.thrash_limit == math.inf:  # nothing left to lift: never loop
                     raise
-                lifted.add(kind)
-                # (the figures, not the exception: its traceback holds this frame, a cycle that kept the
-                # failed block's tensors alive until the next garbage collection; see budget.py's
-                # Note [Nothing of a failed block stays alive])
                 if failure is None:
-                    failure = (kind, e.needed) if isinstance(e, OutOfBudgetError) else (kind, e.remat_compute,
-                                                                                         e.limit)
-                if kind is ThrashingError:
-                    core.set_remat_limit(float("inf"))
-                else:
-                    core.set_budget(None)
+                    failure = ((OutOfBudgetError, e.needed, e.report) if isinstance(e, OutOfBudgetError)
+                               else (ThrashingError, e.remat_compute, e.limit, e.remats, e.count_limit))
+                core.set_budget(None)
+                if isinstance(e, ThrashingError):
+                    core.set_thrash_limit(math.inf)
         self.timer.flush()  # the device's last measurements (one wait, at the end of the block)
-        if failure is not None and failure[0] is OutOfBudgetError:
-            raise OutOfBudgetError(budget, max(failure[1], core.memory),
-                                   "the tensors the program holds at the end of the block; they were all "
-                                   "brought back beyond the budget and can be used") from None
-        if failure is not None:
-            raise ThrashingError(failure[1], failure[2],
-                                 "while bringing back the tensors the program holds at the end of the block; "
-                                 "they were all brought back regardless and can be used") from None
+        if failure is not None:  # (made by a function: a local naming it here would be a cycle with this frame)
+            raise self._end_failure(failure, budget) from None
+
+    def _end_failure(self, failure: tuple, budget: int) -> Exception:
+        """The error of a bring-back that failed (finish's first failure's figures), naming what dtr was doing."""
+        what = "bringing back the tensors the program holds at the end of the block"
+        if failure[0] is OutOfBudgetError:
+            _, needed, report = failure
+            err = OutOfBudgetError(budget, max(needed, self.core.memory),
+                                   f"{what}; they were all brought back beyond the budget and can be used")
+            if report is not None:
+                err.with_report(report.named(None, recomputed_op_name(self, report.remat_op_id), what))
+            return err
+        _, rc, limit, remats, count_limit = failure
+        return ThrashingError(rc, limit, f"while {what}; they were all brought back regardless and can be used",
+                              remats=remats, count_limit=count_limit)
 
 
 class _ObjectGuard:

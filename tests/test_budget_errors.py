@@ -1,0 +1,156 @@
+"""An out-of-budget error says what filled the budget: every unevictable storage, why, and the op that was running.
+
+The core reports each resident storage with its reason (Note [What filled the budget] in csrc/core_evict.cpp);
+the runtime names the ops (dtr/runtime/failures.py); dtr.budget_report words it. Each reason is produced here
+for real and its wording checked, on the core alone and through dtr.budget.
+"""
+from __future__ import annotations
+
+import pytest
+
+import dtr
+from dtr.budget_report import HOLD_REASONS, BudgetReport, HeldStorage
+from dtr.core import Core, Hold
+from dtr.semantics import RUNTIME
+
+torch = pytest.importorskip("torch")
+
+
+def test_every_reason_of_the_core_has_words():
+    assert {h.name.lower() for h in Hold} == set(HOLD_REASONS)
+
+
+def _oob(fn) -> dtr.OutOfBudgetError:
+    with pytest.raises(dtr.OutOfBudgetError) as info:
+        fn()
+    return info.value
+
+
+def test_the_core_reports_every_resident_storage_with_its_reason():
+    c = Core("eqclass", budget=1000, semantics=RUNTIME)
+    w = c.constant(300)                       # a constant
+    a = c.call([w], [200], [-1], 1.0)[0]      # pinned by the driver: bytes read outside the graph
+    c.pin(a, Hold.ESCAPED)
+    b = c.call([w], [100], [-1], 1.0)[0]      # pinned: a long version chain
+    c.pin(b, Hold.VERSION_CHAIN)
+    x = c.call([w], [150], [-1], 1.0)[0]      # an input of the op about to run (referenced)
+    e = _oob(lambda: c.call([x], [400], [-1], 1.0))
+    r = e.report
+    assert isinstance(r, BudgetReport)
+    assert (r.budget, r.request, r.needed, r.evictable) == (1000, 400, 300 + 200 + 100 + 150 + 400, 0)
+    assert [(h.bytes, h.reason, h.referenced) for h in r.held] == [
+        (300, "constant", True), (200, "escaped", True), (150, "input", True), (100, "version_chain", True)]
+    assert not r.enough_if_all_evicted
+    assert r.by_reason()["constant"] == (1, 300)
+    assert r.op_id == c.num_ops - 1 and r.remat_op_id == -1
+    text = str(e)
+    assert "raise the budget to at least 1150 bytes" in text
+    for reason in ("constant", "escaped", "input", "version_chain"):
+        assert HOLD_REASONS[reason] in text, reason
+    assert "evicting everything evictable would not have been enough" in text
+    assert "largest: 300 B (constant, held by the program)" in text
+    c.check()
+
+
+def test_a_protected_storage_is_named():
+    c = Core("eqclass", budget=700, semantics=RUNTIME)
+    w = c.constant(100)
+    a = c.call([w], [200], [-1], 1.0)[0]
+    c.protect(c.storage_of(w))  # w is about to be written: a, computed from it, keeps its value (pinned)
+    assert c.pin_reason(c.storage_of(a)) == Hold.PROTECTED
+    e = _oob(lambda: c.call([w], [500], [-1], 1.0))
+    assert [(h.bytes, h.reason) for h in e.report.held] == [(200, "protected"), (100, "constant")]
+    assert HOLD_REASONS["protected"] in str(e)
+
+
+def test_a_recomputation_in_progress_is_named():
+    c = Core("lru", budget=None, semantics=RUNTIME)
+    w = c.constant(100)
+    u = c.call([w], [100], [-1], 1.0)[0]
+    p = c.call([w], [100], [-1], 1.0)[0]
+    q = c.call([p, u], [100], [-1], 1.0)[0]
+    c.release(p)  # freed: nothing evicted needs it
+    z = c.call([w], [200], [-1], 1.0)[0]
+    c.pin(z)  # pinned by the driver, for no reason it gave
+    c.lock(c.storage_of(u))
+    c.set_budget(500)
+    y = c.call([w], [100], [-1], 1.0)[0]  # evicts q, the only storage it may
+    c.unlock(c.storage_of(u))
+    c.release(y)
+    assert not c.defined(q) and not c.defined(p)
+    # q comes back from p (recomputed first) and u: with both locked for it, q's own room runs out
+    e = _oob(lambda: c.call([q], [50], [-1], 1.0))
+    r = e.report
+    assert r.remat_op_id == c.op_of(q) and r.request == 100
+    assert sorted((h.bytes, h.reason) for h in r.held) == [
+        (100, "constant"), (100, "recompute"), (100, "recompute"), (200, "pinned")]
+    assert HOLD_REASONS["recompute"] in str(e) and HOLD_REASONS["pinned"] in str(e)
+    c.check()
+
+
+def test_a_report_says_when_evicting_more_would_have_been_enough():
+    r = BudgetReport(budget=100, needed=150, request=50, evictable=60,
+                     held=(HeldStorage(40, "constant", True, 0),), op="aten::mm")
+    assert r.enough_if_all_evicted
+    assert "dtr could still have evicted 60 B; evicting everything evictable would have been enough" \
+        in r.describe()
+    assert r.describe().startswith("while running aten::mm, dtr needed 50 B more")
+
+
+def _mib(n: float) -> int:
+    return int(n * 2 ** 20)
+
+
+def test_the_runtime_names_the_op_and_the_program_s_own_tensors():
+    """Copies the program keeps inside the block (clones of every gradient, lists of copies) are memory dtr
+    cannot evict: the error must say so, and name the op."""
+    w = torch.randn(256, 1024)  # 1 MiB, a constant
+    with pytest.raises(dtr.OutOfBudgetError) as info:
+        with dtr.budget(_mib(4.5), cost_model="flops"):
+            x = w.clone()
+            np_view = x.numpy()  # its bytes are read outside PyTorch: pinned
+            torch.cat([x, x, x, x])  # 4 MiB more
+    e = info.value
+    r = e.report
+    assert r is not None and r.op == "aten::cat"
+    assert "while running aten::cat" in str(e)
+    reasons = r.by_reason()
+    assert reasons["constant"][1] == w.nbytes and reasons["escaped"][1] == x.nbytes
+    assert HOLD_REASONS["escaped"] in str(e) and HOLD_REASONS["constant"] in str(e)
+    del np_view
+
+
+def test_the_runtime_names_a_version_chain_and_the_end_of_the_block():
+    acc = None
+    with pytest.raises(dtr.OutOfBudgetError) as info:
+        with dtr.budget(_mib(2.5), cost_model="flops"):
+            acc = torch.zeros(256, 1024)
+            for _ in range(9):  # past the pin limit of a version chain
+                acc.add_(1.0)
+            torch.ones(512, 1024)  # 2 MiB more than the budget allows with acc pinned
+    r = info.value.report
+    assert r.op is not None and r.op.startswith("aten::ones")
+    assert r.by_reason()["version_chain"][1] == acc.nbytes
+    # The end of a block: the program holds more than the budget once everything is back.
+    acc = None  # (alive, it would count from the next block's first op: Note [Constants from earlier blocks])
+    a = torch.randn(256, 1024)
+    with pytest.raises(dtr.OutOfBudgetError) as info:
+        with dtr.budget(_mib(2.5), cost_model="flops"):
+            kept = [a * 2.0, a * 3.0, a * 4.0]  # 3 MiB the program holds at the end
+    e = info.value
+    assert e.report.doing == "bringing back the tensors the program holds at the end of the block"
+    assert "while bringing back the tensors the program holds at the end of the block" in str(e)
+    assert "output" in e.report.by_reason() and HOLD_REASONS["output"] in str(e)
+    assert all(torch.equal(k, a * f) for k, f in zip(kept, (2.0, 3.0, 4.0)))  # nothing was lost
+
+
+@pytest.mark.parametrize("native", [False, True], ids=["reference", "native"])
+def test_both_paths_name_the_op(native):
+    if native and not dtr.budget(None).native:
+        pytest.skip("dtr._native is not built")
+    w = torch.randn(256, 1024)
+    with pytest.raises(dtr.OutOfBudgetError) as info:
+        with dtr.budget(_mib(1.5), cost_model="flops", native=native):
+            w.sin()
+    assert "while running aten::sin" in str(info.value)
+    assert info.value.report.by_reason()["constant"] == (1, w.nbytes)
