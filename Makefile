@@ -8,7 +8,7 @@ PIP     = $(PY) -m pip
 # The CPU build of torch, pinned: an unpinned torch pulls a multi-GB CUDA build.
 TORCH  ?= torch==2.13.0
 
-.PHONY: venv demo lint test bench experiments clean
+.PHONY: venv demo lint test check-install bench experiments clean
 
 $(VENV)/.installed: pyproject.toml setup.py $(wildcard csrc/*.cpp csrc/*.h csrc/native/*.cpp)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -38,12 +38,25 @@ lint: venv
 # runtime's own tests run again on the Python reference path (DTR_NATIVE=0, a dispatch mode), and on the native
 # path entered as a dispatch mode (DTR_ENTRY=mode: the default where torch sees an accelerator).
 RUNTIME_TESTS = tests/test_runtime.py tests/test_runtime_fuzz.py tests/test_exactness.py tests/test_runtime_models.py \
-                tests/test_runtime_compat.py tests/test_training_loops.py
+                tests/test_runtime_compat.py tests/test_training_loops.py tests/test_nesting.py \
+                tests/test_budget_errors.py tests/test_generation.py
 MODE_TESTS = $(RUNTIME_TESTS) tests/test_native.py
 test: lint
 	DTR_REQUIRE_NATIVE=1 $(PY) -m pytest -q
 	DTR_NATIVE=0 $(PY) -m pytest -q $(RUNTIME_TESTS)
 	DTR_ENTRY=mode $(PY) -m pytest -q $(MODE_TESTS)
+
+# The install route a user takes, in a fresh virtual environment: the pinned torch, then `pip install .` with
+# pip's build isolation (setup.py finds that torch: Note [Finding the user's torch]); `python -m dtr info` exits
+# non-zero unless the native per-op path is active there. Run from / so that the checkout is not imported.
+CHECK_VENV ?= build/check-install-venv
+check-install:
+	rm -rf $(CHECK_VENV)
+	$(PYTHON) -m venv $(CHECK_VENV)
+	$(CHECK_VENV)/bin/python -m pip install -q --upgrade pip
+	$(CHECK_VENV)/bin/python -m pip install -q "$(TORCH)"
+	$(CHECK_VENV)/bin/python -m pip install -q .
+	cd / && DTR_CACHE_DIR=$(abspath $(CHECK_VENV))/empty-cache $(abspath $(CHECK_VENV))/bin/python -m dtr info
 
 bench: venv
 	$(PY) benchmarks/bench_sim.py --out BENCHMARKS.md

@@ -1,15 +1,32 @@
-"""Build the C++ core ``dtr._C`` (pybind11, torch-free) and, where torch is importable at build time,
-the native per-op path ``dtr._native`` (built against that torch); all metadata lives in pyproject.toml.
+"""Build the C++ core ``dtr._C`` (pybind11, torch-free) and the native per-op path ``dtr._native`` (against the
+torch the package is installed next to); all metadata lives in pyproject.toml.
 
-``dtr._native`` is optional: when torch is missing from the build environment (``pip install .``
-with build isolation), when ``DTR_BUILD_NATIVE=0``, or when it fails to compile, the build goes
-on without it and the runtime runs its Python reference (dtr/runtime/native.py warns once).
+Note [Finding the user's torch]
+``dtr._native`` must be compiled against the torch that will run it. ``pip install .`` builds in an isolated
+environment without that torch (pip's default build isolation), and asking for torch in
+``build-system.requires`` would fetch a torch of pip's choosing (gigabytes of CUDA build, perhaps another
+release). So the build asks the interpreter that runs it, in isolated mode (``python -I``: without the build
+environment's paths), where its torch is: that is the environment pip installs into, and the torch the user
+runs. Its headers and libraries are enough to compile against; nothing is imported into the build. Where no
+torch is found, or ``DTR_BUILD_NATIVE=0``, or the compiler fails, the build goes on without ``dtr._native``;
+the runtime then builds it on first use against the running torch (Note [Building the native path on first
+use] in dtr/runtime/native_build.py), from the sources this build ships inside the package (``dtr/_csrc``).
+Next to the module goes ``_native_build.json``, the torch it was built against, which the runtime reads
+before importing it (a module built against another torch must not be loaded at all).
 """
+import json
 import os
+import shutil
+import subprocess
 import sys
 
-from pybind11.setup_helpers import Pybind11Extension, build_ext
+from pybind11.setup_helpers import ParallelCompile, Pybind11Extension, build_ext
 from setuptools import Extension, setup
+from setuptools.command.build_py import build_py
+
+# The C++ sources the runtime can build dtr._native from on first use (shipped as dtr/_csrc).
+NATIVE_SOURCES = ["native/fastpath.cpp"]
+NATIVE_HEADERS = ["core_api.h", "depth_pool.h"]
 
 ext_modules = [
     Pybind11Extension(
@@ -31,33 +48,58 @@ ext_modules = [
     ),
 ]
 
+_TORCH_PROBE = """
+import json, torch
+from torch.utils import cpp_extension
+print(json.dumps({"version": torch.__version__, "abi": int(torch._C._GLIBCXX_USE_CXX11_ABI),
+                  "include": cpp_extension.include_paths(), "lib": cpp_extension.library_paths()}))
+"""
+
+
+def _user_torch():
+    """(the torch to build against as a dict, or None, and where it was found or why not)."""
+    try:  # torch in the build environment itself (--no-build-isolation, make)
+        import torch  # noqa: F401
+        from torch.utils import cpp_extension
+        return ({"version": torch.__version__, "abi": int(torch._C._GLIBCXX_USE_CXX11_ABI),
+                 "include": cpp_extension.include_paths(), "lib": cpp_extension.library_paths()},
+                "the build environment")
+    except ImportError:
+        pass
+    try:  # see Note [Finding the user's torch]
+        p = subprocess.run([sys.executable, "-I", "-c", _TORCH_PROBE], capture_output=True, text=True, timeout=300)
+    except (OSError, subprocess.SubprocessError) as e:
+        return None, f"asking {sys.executable} for its torch failed ({e})"
+    if p.returncode != 0:
+        return None, f"torch is not installed next to {sys.executable}"
+    return json.loads(p.stdout.strip().splitlines()[-1]), f"{sys.executable}'s environment"
+
 
 def _native_extension():
-    """``dtr._native`` against the torch of this build environment, or None (and why) without one."""
+    """``dtr._native`` against the user's torch, or None (and why) without one."""
     if os.environ.get("DTR_BUILD_NATIVE", "1") == "0":
-        return None, "DTR_BUILD_NATIVE=0"
-    try:
-        import torch
-        from torch.utils import cpp_extension
-    except ImportError:
-        return None, "torch is not importable in the build environment (use --no-build-isolation)"
+        return None, "DTR_BUILD_NATIVE=0", None
+    torch_info, where = _user_torch()
+    if torch_info is None:
+        return None, where, None
     return Extension(
         "dtr._native",
-        ["csrc/native/fastpath.cpp"],
-        depends=["csrc/core_api.h", "csrc/depth_pool.h"],
-        include_dirs=["csrc", *cpp_extension.include_paths()],
-        library_dirs=cpp_extension.library_paths(),
+        ["csrc/" + s for s in NATIVE_SOURCES],
+        depends=["csrc/" + h for h in NATIVE_HEADERS],
+        include_dirs=["csrc", *torch_info["include"]],
+        library_dirs=torch_info["lib"],
         libraries=["c10", "torch", "torch_cpu", "torch_python"],
-        runtime_library_dirs=cpp_extension.library_paths(),
-        define_macros=[("DTR_TORCH_VERSION", f'"{torch.__version__}"'),
-                       ("_GLIBCXX_USE_CXX11_ABI", str(int(torch._C._GLIBCXX_USE_CXX11_ABI)))],
+        runtime_library_dirs=torch_info["lib"],
+        define_macros=[("DTR_TORCH_VERSION", f'"{torch_info["version"]}"'),
+                       ("_GLIBCXX_USE_CXX11_ABI", str(torch_info["abi"]))],
         extra_compile_args=["-O2", "-std=c++20", "-fvisibility=hidden"],
         language="c++",
-    ), None
+    ), where, torch_info
 
 
 class _BuildExt(build_ext):
-    """Builds every extension; a failure of the optional ``dtr._native`` only warns."""
+    """Builds every extension; a failure of the optional ``dtr._native`` only warns. Next to a built
+    ``dtr._native`` it writes ``_native_build.json`` (see Note [Finding the user's torch])."""
 
     def build_extension(self, ext):
         if ext.name != "dtr._native":
@@ -65,13 +107,42 @@ class _BuildExt(build_ext):
         try:
             super().build_extension(ext)
         except Exception as e:  # (a compiler error is a CompileError, a link error a LinkError)
-            print(f"warning: dtr._native was not built ({e}); dtr runs its Python per-op path", file=sys.stderr)
+            print(f"warning: dtr._native was not built ({e}); dtr builds it on first use, or runs its Python "
+                  f"per-op path", file=sys.stderr)
+            self.native_failed = True
+
+    def run(self):
+        self.native_failed = False
+        super().run()
+        if native is None:
+            return
+        path = self.get_ext_fullpath("dtr._native")  # (built now, or up to date from an earlier build)
+        target = os.path.join(os.path.dirname(path), "_native_build.json")
+        if self.native_failed or not os.path.exists(path):
+            if os.path.exists(target):
+                os.remove(target)  # (no record of a module that is not there)
+            return
+        with open(target, "w") as f:
+            json.dump({"torch": native_torch["version"], "cxx11_abi": native_torch["abi"]}, f)
 
 
-native, why = _native_extension()
+class _BuildPy(build_py):
+    """Ships the C++ sources of dtr._native inside the package (``dtr/_csrc``), for a build on first use."""
+
+    def run(self):
+        super().run()
+        root = os.path.join(self.build_lib, "dtr", "_csrc")
+        for rel in NATIVE_SOURCES + NATIVE_HEADERS:
+            os.makedirs(os.path.dirname(os.path.join(root, rel)), exist_ok=True)
+            shutil.copyfile(os.path.join("csrc", rel), os.path.join(root, rel))
+
+
+native, why, native_torch = _native_extension()
 if native is not None:
     ext_modules.append(native)
+    print(f"note: building dtr._native against torch {native_torch['version']} from {why}", file=sys.stderr)
 else:
-    print(f"note: dtr._native is not built: {why}", file=sys.stderr)
+    print(f"note: dtr._native is not built now ({why}); dtr builds it on first use", file=sys.stderr)
 
-setup(ext_modules=ext_modules, cmdclass={"build_ext": _BuildExt})
+ParallelCompile("DTR_BUILD_JOBS", default=0).install()  # (the core's files in parallel: all cores by default)
+setup(ext_modules=ext_modules, cmdclass={"build_ext": _BuildExt, "build_py": _BuildPy})

@@ -11,6 +11,7 @@ path: ``make test`` runs the runtime's test files a second time with
 from __future__ import annotations
 
 import gc
+import json
 import os
 import sys
 import warnings
@@ -320,14 +321,17 @@ def test_buffer_liveness_reads_the_same_on_both_paths():
     assert m.buf_dead(gone) == gone.dead() is True
 
 
-def test_a_missing_or_mismatched_module_falls_back_with_one_warning(monkeypatch):
-    m = native.native_module()
-    real = m.TORCH_VERSION
-    monkeypatch.setattr(m, "TORCH_VERSION", "0.0.1")
+def test_a_missing_or_mismatched_module_falls_back_with_one_warning(monkeypatch, tmp_path):
+    """(tests/test_install.py has the build on first use; here builds are off, so nothing can replace it.)"""
+    sidecar = tmp_path / "_native_build.json"
+    sidecar.write_text(json.dumps({"torch": "0.0.1", "cxx11_abi": int(torch._C._GLIBCXX_USE_CXX11_ABI)}))
+    monkeypatch.setattr(native, "SIDECAR", sidecar)
+    monkeypatch.setenv("DTR_BUILD_NATIVE", "0")
+    monkeypatch.setenv("DTR_CACHE_DIR", str(tmp_path))  # (no build on first use cached there)
     monkeypatch.setattr(native, "_state", {})
     assert native.native_module() is None
-    assert "built against torch 0.0.1" in native._state["why"] and "--no-build-isolation" in native._state["why"]
-    with pytest.warns(RuntimeWarning, match="native per-op path is unavailable.*0.0.1"):
+    assert "built against torch 0.0.1" in native._state["why"] and "DTR_BUILD_NATIVE=0" in native._state["why"]
+    with pytest.warns(RuntimeWarning, match="native per-op path is unavailable.*0.0.1.*python -m dtr info"):
         b = dtr.budget(None)
     assert b.native is False
     with warnings.catch_warnings():
@@ -337,9 +341,9 @@ def test_a_missing_or_mismatched_module_falls_back_with_one_warning(monkeypatch)
         with b:
             y = (x * 2).sum()
     assert y.item() == 6.0
-    monkeypatch.setattr(m, "TORCH_VERSION", real)
+    sidecar.write_text(json.dumps({"torch": torch.__version__, "cxx11_abi": int(torch._C._GLIBCXX_USE_CXX11_ABI)}))
     monkeypatch.setattr(native, "_state", {})
-    monkeypatch.delattr(dtr, "_native")
+    monkeypatch.delattr(dtr, "_native", raising=False)
     monkeypatch.setitem(sys.modules, "dtr._native", None)  # not importable at all
     assert native.native_module() is None and "could not be imported" in native._state["why"]
 
@@ -560,10 +564,11 @@ def test_the_dispatch_key_keeps_errors_and_program_modes():
     with pytest.raises(RuntimeError, match="shape"):  # an op's own error passes through as it is
         with dtr.budget(None, entry="key"):
             torch.randn(2, 3) @ torch.randn(2, 3)
-    with dtr.budget(None, entry="key"):
-        with pytest.raises(RuntimeError, match="do not nest"):
-            with dtr.budget(None):
-                pass
+    with dtr.budget(None, entry="key") as outer:
+        with dtr.budget("1MiB") as inner:  # a nested block runs on the outer block's runtime: the key
+            torch.randn(2, 2).sin()
+        assert native.key_active() and inner.stats["ops"] == 2 and inner.entry == "key"
+    assert outer.stats["ops"] == 2
     assert not native.key_active()
 
 

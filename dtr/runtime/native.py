@@ -2,10 +2,12 @@
 
 The runtime's reference is DTRMode.__torch_dispatch__ in Python; ``dtr._native``
 runs the common op through the same steps in C++ (Note [The native per-op
-path] in csrc/native/fastpath.cpp). It is built against one torch: a module
-built against another (or not built at all: no compiler, or ``pip install .``
-in an isolated build environment without torch) is not used, and the runtime
-warns once, saying why and how to rebuild, then runs the reference.
+path] in csrc/native/fastpath.cpp). It is built against one torch: the one an
+install built (setup.py, next to the torch it found), if that is the running
+torch; else one built on first use against the running torch, into a cache
+(Note [Building the native path on first use] in native_build.py). Where
+neither can be had (no compiler, say), the runtime warns once, saying why and
+what to run, and runs the reference; ``python -m dtr info`` says which.
 
 Which path a block runs: ``dtr.budget(..., native=True/False)``, or, when
 that is None (the default), the environment variable ``DTR_NATIVE`` (``0``
@@ -19,52 +21,105 @@ dtr._native.
 """
 from __future__ import annotations
 
+import json
 import os
 import warnings
+from pathlib import Path
 from types import ModuleType
-from typing import Any, Optional
+from typing import Any, NamedTuple, Optional, Tuple
 
 import torch
 
-__all__ = ["ENTRIES", "ENTRY_ENV_VAR", "ENV_VAR", "available", "default_entry", "fast_path", "key_active",
-           "key_enter", "key_off", "native_module", "use_entry", "use_native"]
+from dtr.runtime import native_build
+
+__all__ = ["ENTRIES", "ENTRY_ENV_VAR", "ENV_VAR", "NativeStatus", "available", "default_entry", "fast_path",
+           "key_active", "key_enter", "key_off", "native_module", "status", "use_entry", "use_native"]
 
 ENV_VAR = "DTR_NATIVE"
 ENTRY_ENV_VAR = "DTR_ENTRY"
 ENTRIES = ("mode", "key")
-_REBUILD = ("to build it against this torch, reinstall dtr with torch installed: `pip install --no-build-isolation .` "
-            "(`-e .` for a checkout)")
+_INFO = "`python -m dtr info` says what is active and why"
+#: What the installed dtr._native was built against (setup.py writes it: Note [Finding the user's torch]).
+SIDECAR = Path(__file__).resolve().parent.parent / "_native_build.json"
 
-_state: dict = {}  # "module": the configured module or None, "why": the reason it is None
+_state: dict = {}  # "module": the configured module or None, "why": the reason it is None, "origin": where from
 
 
-def _load() -> Optional[ModuleType]:
+def _installed() -> Tuple[Optional[ModuleType], str]:
+    """The dtr._native an install built, if it was built against the running torch: (module or None, why not).
+
+    What it was built against is read first (``_native_build.json`` beside it, written by setup.py): a module
+    built against another torch is never imported (its symbols and layouts need not match this torch's).
+    """
+    sidecar = SIDECAR
+    if not sidecar.is_file():
+        return None, "the install did not build dtr._native"
+    try:
+        built = json.loads(sidecar.read_text())
+        version, abi = built["torch"], int(built["cxx11_abi"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None, f"{sidecar} is unreadable"
+    if version != torch.__version__:
+        return None, f"the installed dtr._native was built against torch {version}, but torch {torch.__version__} runs"
+    if abi != int(torch._C._GLIBCXX_USE_CXX11_ABI):
+        return None, f"the installed dtr._native was built with _GLIBCXX_USE_CXX11_ABI={abi}, unlike torch"
     try:
         from dtr import _native
     except ImportError as e:
-        _state["why"] = f"dtr._native could not be imported ({e}); {_REBUILD}"
+        return None, f"the installed dtr._native could not be imported ({e})"
+    return _native, ""
+
+
+def _built_on_first_use(why: str) -> Tuple[Optional[ModuleType], str]:
+    """dtr._native built against the running torch into the cache (Note [Building the native path on first use]
+    in native_build.py): (module or None, why not)."""
+    if not native_build.build_allowed():
+        return None, f"{why}, and builds on first use are turned off (${native_build.BUILD_ENV_VAR}=0)"
+    try:
+        module = native_build.load(native_build.build())
+    except (native_build.NativeBuildError, ImportError, OSError) as e:
+        return None, f"{why}, and building it against this torch failed: {e}"
+    if module.TORCH_VERSION != torch.__version__:  # (cannot happen: the build's key names the torch)
+        return None, f"the build on first use is for torch {module.TORCH_VERSION}, not {torch.__version__}"
+    return module, ""
+
+
+def _cached(why: str) -> Tuple[Optional[ModuleType], str]:
+    """dtr._native from an earlier build on first use for the running torch, without building: (module, why not)."""
+    path = native_build.built_path()
+    if path is None or not path.is_file():
+        return None, f"{why}, and no build on first use is cached for torch {torch.__version__}"
+    try:
+        return native_build.load(path), ""
+    except ImportError as e:
+        return None, f"{why}, and the build on first use at {path} could not be imported ({e})"
+
+
+def _load(allow_build: bool = True) -> Optional[ModuleType]:
+    module, why = _installed()
+    origin = "installed with dtr"
+    if module is None:
+        module, why = _cached(why)
+        origin = "built on first use"
+    if module is None and allow_build:
+        module, why = _built_on_first_use(why)
+    if module is None:
+        _state["why"] = why
         return None
-    built, running = _native.TORCH_VERSION, torch.__version__
-    if built != running:
-        _state["why"] = f"dtr._native was built against torch {built}, but torch {running} is running; {_REBUILD}"
-        return None
-    if bool(_native.CXX11_ABI) != bool(torch._C._GLIBCXX_USE_CXX11_ABI):
-        _state["why"] = (f"dtr._native was built with _GLIBCXX_USE_CXX11_ABI={_native.CXX11_ABI}, unlike torch; "
-                         f"{_REBUILD}")
-        return None
+    _state["origin"] = origin
+    _state["path"] = module.__file__
     from dtr import core
-    from dtr.errors import ThrashingError
-    from dtr.runtime import effects, liveness, mode, prediction, recompute, storage_table, timing
-    _native.configure({
+    from dtr.runtime import effects, failures, liveness, mode, prediction, recompute, storage_table, timing
+    module.configure({
         "Mode": mode.DTRMode, "Table": storage_table.StorageTable, "Buf": storage_table.Buf,
         "Liveness": liveness.Liveness, "Recomputer": recompute.Recomputer, "Slot": recompute.Slot,
         "Recipe": recompute.Recipe, "WallTimer": timing.WallTimer,
-        "ThrashingError": ThrashingError, "TRANSLATED": core._TRANSLATED,
+        "TRANSLATED": core._TRANSLATED, "name_failure": failures.name_failure,
         "rng_capture": recompute.rng_capture, "size_warning": mode._size_warning, "op_info": mode._native_op_info,
         "effects": effects, "RECENT_OPS": liveness.RECENT_OPS, "GC_MIN_OPS": mode._GC_MIN_OPS,
         "MAX_PREDICTIONS": prediction.MAX_PREDICTIONS, "MAX_VERSIONS": mode._MAX_VERSIONS,
     })
-    return _native
+    return module
 
 
 def native_module() -> Optional[ModuleType]:
@@ -75,8 +130,43 @@ def native_module() -> Optional[ModuleType]:
 
 
 def available() -> bool:
-    """Whether the native path can run in this process."""
+    """Whether the native path can run in this process (building it first if it must and can)."""
     return native_module() is not None
+
+
+class NativeStatus(NamedTuple):
+    """Whether the native per-op path is active here, and if not, why and what fixes it (``python -m dtr info``).
+
+    Attributes:
+        active: dtr._native is loaded for the running torch (or can be, without building).
+        origin: ``"installed with dtr"`` or ``"built on first use"`` (None when not active).
+        path: the module's file (None when not active).
+        why: why it is not active ("" when it is).
+        fix: the one command that makes it active ("" when it is).
+    """
+
+    active: bool
+    origin: Optional[str]
+    path: Optional[str]
+    why: str
+    fix: str
+
+
+def status() -> NativeStatus:
+    """The native path's state in this process; never builds (``python -m dtr build`` does)."""
+    module = _state.get("module") if "module" in _state else _load(allow_build=False)
+    if "module" not in _state and module is not None:
+        _state["module"] = module  # (loaded and configured: a block uses it)
+    if module is not None:
+        return NativeStatus(True, _state.get("origin"), _state.get("path"), "", "")
+    why = _state.get("why", "not loaded")
+    if native_build.source_dir() is None:
+        fix = "pip install --force-reinstall --no-binary torch-dtr torch-dtr  (the sources were not installed)"
+    elif native_build.compiler() is None:
+        fix = "install a C++ compiler (g++ or clang++, or set $CXX), then: python -m dtr build"
+    else:
+        fix = "python -m dtr build"
+    return NativeStatus(False, None, None, why, fix)
 
 
 def use_native(native: Optional[bool]) -> bool:
@@ -103,7 +193,8 @@ def use_native(native: Optional[bool]) -> bool:
         if not _state.get("warned"):
             _state["warned"] = True
             warnings.warn(f"dtr: the native per-op path is unavailable, running the Python reference "
-                          f"(slower per op, same results): {_state['why']}", RuntimeWarning, stacklevel=3)
+                          f"(slower per op, same results): {_state['why']}. {_INFO}; `python -m dtr build` "
+                          f"builds it", RuntimeWarning, stacklevel=3)
         return False
     return True
 

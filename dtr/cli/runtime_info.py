@@ -1,0 +1,120 @@
+"""``python -m dtr``: what the runtime runs here, and building its native per-op path.
+
+``python -m dtr info`` prints dtr's and torch's versions, whether ``dtr._native``
+is active for the running torch (where it comes from, or why not and the one
+command that fixes it), the default entry per device, and the compiler a build
+on first use would run. It exits 0 when the native path is active, 1 when it
+is not. ``python -m dtr build`` builds it against the running torch, once
+(Note [Building the native path on first use] in dtr/runtime/native_build.py).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import subprocess
+import sys
+from typing import List, Optional
+
+import dtr
+
+__all__ = ["main"]
+
+
+def _compiler_line(cxx: Optional[List[str]]) -> str:
+    if cxx is None:
+        return "none found (set $CXX, or install g++ or clang++)"
+    try:
+        out = subprocess.run([*cxx, "--version"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        out = ""
+    first = out.splitlines()[0] if out else "version unknown"
+    return f"{' '.join(cxx)} ({first})"
+
+
+def _report() -> dict:
+    """What ``info`` says, as data."""
+    out: dict = {"dtr": dtr.__version__, "python": platform.python_version()}
+    try:
+        import torch
+    except ImportError:
+        out.update(torch=None, native={"active": False, "why": "torch is not installed",
+                                       "fix": "pip install torch"})
+        return out
+    from dtr.runtime import native, native_build
+
+    st = native.status()
+    devices = {"cpu": native.default_entry(st.active, torch.device("cpu"))}
+    accelerator = getattr(torch, "accelerator", None)
+    if accelerator is not None and accelerator.is_available():  # (does not initialize the device)
+        kind = accelerator.current_accelerator().type
+        devices[kind] = native.default_entry(st.active, torch.device(kind))
+    cxx = native_build.compiler()
+    out.update(torch=torch.__version__, cxx11_abi=int(torch._C._GLIBCXX_USE_CXX11_ABI),
+               native=st._asdict(), entries=devices, compiler=_compiler_line(cxx),
+               cache=str(native_build.cache_dir()), sources=str(native_build.source_dir()),
+               builds_allowed=native_build.build_allowed())
+    return out
+
+
+def _print_info(r: dict) -> None:
+    n = r["native"]
+    print(f"dtr        {r['dtr']} (Python {r['python']})")
+    if r["torch"] is None:
+        print("torch      not installed: the runtime (dtr.budget) needs it; the simulator (dtr-sim) does not")
+        return
+    print(f"torch      {r['torch']} (C++11 ABI {r['cxx11_abi']})")
+    if n["active"]:
+        print(f"native     active: dtr._native {n['origin']} ({n['path']})")
+    else:
+        print("native     MISSING: the runtime runs its Python reference (same results, more host time per op)")
+        print(f"           why: {n['why']}")
+        print(f"           fix: {n['fix']}")
+    names = {"key": "key (a C++ dispatch key)", "mode": "mode (a TorchDispatchMode)"}
+    print("entry      " + "; ".join(f"{d}: {names[e]}" for d, e in r["entries"].items()))
+    print(f"compiler   {r['compiler']}")
+    print(f"cache      {r['cache']}{'' if r['builds_allowed'] else ' (builds turned off: DTR_BUILD_NATIVE=0)'}")
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    """Run ``python -m dtr``.
+
+    Args:
+        argv: the arguments after the program name; default ``sys.argv[1:]``.
+
+    Returns:
+        0 when the native path is active (``info``) or was built (``build``), 1 when it is not; argparse
+        exits 2 for bad arguments.
+    """
+    p = argparse.ArgumentParser(prog="python -m dtr", description="dtr's runtime here: what is active, and "
+                                "building its native per-op path.")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    info = sub.add_parser("info", help="versions, the native per-op path, the entry per device, the compiler")
+    info.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    sub.add_parser("build", help="build the native per-op path against the running torch (once; cached)")
+    args = p.parse_args(argv)
+    if args.command == "info":
+        r = _report()
+        if args.json:
+            print(json.dumps(r, indent=2))
+        else:
+            _print_info(r)
+        return 0 if r["native"]["active"] else 1
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        print("python -m dtr: error: torch is not installed: pip install torch", file=sys.stderr)
+        return 1
+    from dtr.runtime import native, native_build
+
+    st = native.status()
+    if st.active:
+        print(f"dtr._native is active already: {st.origin} ({st.path})")
+        return 0
+    try:
+        path = native_build.build()
+    except native_build.NativeBuildError as e:
+        print(f"python -m dtr: error: {e}", file=sys.stderr)
+        return 1
+    print(f"built {path}")
+    return 0 if native.status().active else 1
