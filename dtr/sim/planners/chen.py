@@ -9,7 +9,7 @@ import time
 from typing import List, Optional, Sequence, Tuple
 
 from dtr.sim.graph import PlanGraph, chain_shape
-from dtr.sim.planners import PlanOptions, PlanResult, register_planner
+from dtr.sim.planners.base import PlanOptions, PlanResult, register_planner
 from dtr.sim.planners.recompute import recompute_missing
 from dtr.sim.schedule import sequence_profile, sequence_steps
 

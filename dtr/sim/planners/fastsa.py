@@ -11,8 +11,8 @@ from dataclasses import dataclass, replace
 from typing import List, Optional, Sequence, Tuple
 
 from dtr.sim.export import dtr_starts
-from dtr.sim.graph import PlanGraph
-from dtr.sim.planners import PlanOptions, PlanResult, register_planner
+from dtr.sim.graph import PlanGraph, chain_shape
+from dtr.sim.planners.base import PlanOptions, PlanResult, get_planner, register_planner
 from dtr.sim.schedule import sequence_profile, sequence_steps
 
 __all__ = ["plan_fastsa", "Grouping", "group_nodes", "Problem", "node_problem", "group_problem", "Stage", "anneal",
@@ -397,8 +397,6 @@ def _warm_start(pg: PlanGraph, budget: int, options: PlanOptions, deadline: floa
     Rotor runs only where its estimated time (ROTOR_SECONDS per chain length squared and memory slot)
     is under a quarter of the time left, so that the warm start keeps the time limit.
     """
-    from dtr.sim.graph import chain_shape
-    from dtr.sim.planners import get_planner
     best: Optional[Tuple[float, List[int], str]] = None
     for name in ("chen", "rotor", "lookahead"):
         if name == "rotor":

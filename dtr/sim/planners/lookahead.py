@@ -10,7 +10,7 @@ import time
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from dtr.sim.graph import PlanGraph
-from dtr.sim.planners import PlanOptions, PlanResult, register_planner
+from dtr.sim.planners.base import PlanOptions, PlanResult, register_planner
 from dtr.sim.schedule import sequence_profile, sequence_steps
 
 __all__ = ["plan_lookahead", "lookahead_sequence", "SCORES"]

@@ -11,7 +11,7 @@ import math
 from typing import List, Optional, Tuple
 
 from dtr.sim.graph import ChainShape, PlanGraph, chain_shape
-from dtr.sim.planners import PlanOptions, PlanResult, register_planner
+from dtr.sim.planners.base import PlanOptions, PlanResult, register_planner
 
 __all__ = ["plan_rotor", "rotor_chain"]
 
