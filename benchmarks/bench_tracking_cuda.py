@@ -108,9 +108,9 @@ def main(argv=None) -> int:
                             device=dev, native="ref" not in parts,
                             heuristic=next((t[1:] for t in parts[1:] if t.startswith("h")), "eqclass")) as b:
                 if "old" in parts:
-                    b._mode._poll_on_schedule = True
+                    b._driver._poll_on_schedule = True
                 if "every" in parts:
-                    b._mode.timer.samples = False
+                    b._driver.timer.samples = False
                 loss = loss_fn(model, *inputs)
                 loss.backward()
             stats[v] = b.stats

@@ -5,16 +5,19 @@ TORCH_VERSION: str  # the torch.__version__ it was built against
 CXX11_ABI: int      # its _GLIBCXX_USE_CXX11_ABI
 
 class FastPath:
-    """A DTRMode's __torch_dispatch__ in C++; ops it does not take go to ``fallback`` (the reference)."""
+    """A Driver's per-op path in C++ (a mode's __torch_dispatch__, or the key's handler); ``fallback`` (the
+    reference) takes the ops it does not."""
 
     def __init__(self, mode: Any, fallback: Any) -> None: ...
     def __call__(self, func: Any, types: Any, args: Any = ..., kwargs: Any = ...) -> Any: ...
     @property
-    def __self__(self) -> Any: ...
+    def __self__(self) -> Any: ...  # the dispatch mode it serves (set by dtr.runtime.entry), else the driver
+    @__self__.setter
+    def __self__(self, mode: Any) -> None: ...
     @property
     def counts(self) -> Tuple[int, int]: ...  # (ops run natively, ops handed to the reference)
-    def constant(self, storage: Any) -> int: ...  # DTRMode._constant on this path
-    def carried(self) -> List[Any]: ...  # DTRMode._carried on this path: buffers holding storages weakly
+    def constant(self, storage: Any) -> int: ...  # Driver._constant on this path
+    def carried(self) -> List[Any]: ...  # Driver._carried on this path: buffers holding storages weakly
     def on_evict(self, storage: int, by_heuristic: bool) -> None: ...  # the core's hooks while this path runs
     def on_compute(self, op: int, remat: bool) -> None: ...
     def on_pin(self, storage: int) -> None: ...

@@ -38,41 +38,41 @@ def _nothing_carried_over_from_an_earlier_test():
     """Each test's first block starts without the storages an earlier test's blocks left resident.
 
     A block remembers what the program still holds for the next block (Note
-    [Constants from earlier blocks] in dtr/runtime/mode.py). Between tests that
+    [Constants from earlier blocks] in dtr/runtime/driver.py). Between tests that
     is only ever garbage, but not always dead garbage: pytest keeps a failed
     test's traceback, and with it that test's model, so the next test's budget
     would count it and one real failure would make unrelated ones.
     """
-    mode = sys.modules.get("dtr.runtime.mode")  # never imported (no torch): nothing to clear
-    if mode is not None:
-        mode._CARRIED.clear()
+    driver = sys.modules.get("dtr.runtime.driver")  # never imported (no torch): nothing to clear
+    if driver is not None:
+        driver._CARRIED.clear()
 
 
 @pytest.fixture(autouse=True)
 def _compact_every_table(request):
     """Blocks compact their tables whenever more than half is garbage, however small (unless marked).
 
-    Outside tests a block compacts only tables of _COMPACT_MIN_OPS ops or more
-    (Note [Compaction] in dtr/runtime/mode.py), which the tests' small programs
+    Outside tests a block compacts only tables of limits.COMPACT_MIN_OPS ops or more
+    (Note [Compaction] in dtr/runtime/driver.py), which the tests' small programs
     never reach: without this, none of them would renumber a recipe. Tests of
     the floor itself are marked ``compact_floor`` and run with the real value.
     """
     if request.node.get_closest_marker("compact_floor") is not None:
         yield
         return
-    mode = sys.modules.get("dtr.runtime.mode")
-    if mode is None:
+    limits = sys.modules.get("dtr.runtime.limits")
+    if limits is None:
         try:
-            import dtr.runtime.mode as mode  # (the runtime needs torch: without it, nothing to set)
+            import dtr.runtime.limits as limits  # (the runtime's package needs torch: without it, nothing to set)
         except ImportError:
             yield
             return
-    floor = mode._COMPACT_MIN_OPS
-    mode._COMPACT_MIN_OPS = 0
+    floor = limits.COMPACT_MIN_OPS
+    limits.COMPACT_MIN_OPS = 0
     try:
         yield
     finally:
-        mode._COMPACT_MIN_OPS = floor
+        limits.COMPACT_MIN_OPS = floor
 
 
 @pytest.fixture

@@ -246,7 +246,7 @@ def _exec(ins: Instr, env: Dict[str, torch.Tensor]) -> None:
         a = t(args[0]).detach().clone(memory_format=torch.contiguous_format)  # (TwoTensor: equal layouts)
         w = torch.tanh(TwoTensor(a, a * 0.5) * 1.5) + args[1]
         env[out] = w.a * w.b  # (plain tensors: what it wrapped, computed inside the block)
-    elif k == "sums":  # a sum of k terms past the pin limit of a version chain (mode.py's _MAX_VERSIONS)
+    elif k == "sums":  # a sum of k terms past the pin limit of a version chain (limits.MAX_VERSIONS)
         a, n = t(args[1]), args[2]
         if args[0] in ("inplace", "empty"):  # written in place: later writes are writes to a constant
             acc = (a[:0] if args[0] == "empty" else a) * 1.0  # (empty: a constant of no bytes once pinned)

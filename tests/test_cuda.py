@@ -36,7 +36,7 @@ from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
 import dtr  # noqa: E402
 from dtr.core import ReplayStatus  # noqa: E402
-from dtr.runtime import mode as mode_module  # noqa: E402
+from dtr.runtime import recompute  # noqa: E402
 from dtr.runtime.timing import CudaEventTimer  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(__file__))
@@ -121,7 +121,7 @@ def measure(name):
     const = sum(t.untyped_storage().nbytes() for t in [*model.parameters(), *model.buffers(), *inputs])
     # Without UntypedStorage._swap_data_ptr_ (older torch), a recomputed output is copied into its
     # storage, so one op's outputs are held twice for a moment (Note [Adopting recomputed bytes]).
-    slack = ws.worst + (0 if mode_module._SWAP else ws.largest_outputs)
+    slack = ws.worst + (0 if recompute._SWAP else ws.largest_outputs)
     return model, loss_fn, ref, ref_loss, const, peak_increase, slack
 
 
@@ -165,8 +165,8 @@ def test_exact_step_within_budget_by_the_cuda_allocator(name, f, cost_model):
     if f <= 0.5:
         assert s["remats"] > 0
     if cost_model == "time":  # CUDA events, resolved lazily (Note [Timing on CUDA]); all in by the end
-        assert isinstance(b._mode.timer, CudaEventTimer) and not b._mode.timer.sync
-        assert not b._mode.timer.pending and s["remat_seconds"] > 0
+        assert isinstance(b._driver.timer, CudaEventTimer) and not b._driver.timer.sync
+        assert not b._driver.timer.pending and s["remat_seconds"] > 0
     rounding = 512 * (s["ops"] + 64)  # at most one partly used 512-byte unit per live block
     assert measured <= limit + slack + rounding, (
         f"measured peak {measured} exceeds the budget {limit} by {measured - limit} bytes "
@@ -200,7 +200,7 @@ def test_recorded_cuda_log_replays_to_the_same_decisions(tmp_path):
     limit = int(const + 0.5 * P)
     path = tmp_path / "cuda.jsonl"
     with dtr.budget(limit, cost_model="time", device=DEV, log=path) as b:
-        assert b._mode.timer.sync
+        assert b._driver.timer.sync
         loss = step(model, loss_fn)
     assert torch.equal(loss, ref_loss)
     r = replay(path, "eqclass", limit, thrash_limit=float("inf"))

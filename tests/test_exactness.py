@@ -275,7 +275,7 @@ def test_a_kept_error_keeps_none_of_dtrs_state():
                 for _ in range(8):
                     hs.append(hs[-1] @ w)
                 torch.ones(64 * 256 * 8)
-        mode = weakref.ref(b._mode)
+        mode = weakref.ref(b._driver)
         del b, hs
         assert kept.value.__traceback__ is not None
         assert mode() is None, "the kept exception keeps dtr's mode (and its core) alive"
@@ -376,7 +376,7 @@ def test_a_tensor_rebound_to_an_activation_by_set_views_it():
 @pytest.mark.parametrize("limit", [None, 6])
 def test_nested_tensors_are_left_alone(layout, limit):
     """Nested tensors are exact, with or without a budget: strided ones are values dtr does not track;
-    jagged ones are tensor subclasses whose plain values it tracks (Note [Tensor subclasses] in mode.py)."""
+    jagged ones are tensor subclasses whose plain values it tracks (Note [Tensor subclasses] in reference.py)."""
     def step():
         nt = torch.nested.nested_tensor([torch.randn(3, 256), torch.randn(5, 256)], layout=getattr(torch, layout))
         y = torch.nn.functional.linear(nt, W).relu()
@@ -397,7 +397,7 @@ def test_nested_tensors_are_left_alone(layout, limit):
 def test_wrapper_subclasses_are_exact_and_their_contents_evictable(entry, limit):
     """A tensor subclass that dispatches in Python (TwoTensor: two plain tensors behind one) is declined by
     the mode, so what it wraps is tracked, evicted and recomputed like any tensor; loss and gradients are
-    exact on both entries (Note [Tensor subclasses] in mode.py). Before, its storage (which is no memory:
+    exact on both entries (Note [Tensor subclasses] in reference.py). Before, its storage (which is no memory:
     resizing it raises) was taken for a constant, and the block failed when the wrapper died."""
     from torch.testing._internal.two_tensor import TwoTensor
 
@@ -424,11 +424,11 @@ def test_a_dead_sparse_tensors_key_is_not_taken_for_a_new_one(monkeypatch):
     full poll (and pinned what the dead one's readers left) at an op that depended on where CPython put
     the new object, and the two per-op paths then disagreed on when deaths were noticed. Address reuse is
     simulated here: every sparse tensor gets one key, as two objects at one address would."""
-    from dtr.runtime import mode as mode_module
-    keys = mode_module._opaque_keys
-    monkeypatch.setattr(mode_module, "_opaque_keys", lambda x: [(("object", 0), keys(x)[0][1])])
+    from dtr.runtime import reference
+    keys = reference.opaque_keys
+    monkeypatch.setattr(reference, "opaque_keys", lambda x: [(("object", 0), keys(x)[0][1])])
     with dtr.budget(None, cost_model="flops") as b:
-        mode = b._mode
+        mode = b._driver
         s = torch.eye(8).to_sparse()
         out = torch.sparse.mm(s, torch.ones(8, 8))  # computed from s: its recipe holds s
         assert mode._opaque_readers
@@ -453,7 +453,7 @@ def test_a_dead_sparse_tensors_key_is_not_taken_for_a_new_one(monkeypatch):
 
 def _zero_byte_chain():
     g = torch.zeros(0)
-    for _ in range(10):  # a version chain, pinned after mode.py's _MAX_VERSIONS writes
+    for _ in range(10):  # a version chain, pinned after limits.MAX_VERSIONS writes
         g.add_(1)
     return g
 

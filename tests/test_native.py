@@ -1,4 +1,4 @@
-"""The native per-op path (dtr._native) against the Python reference (DTRMode.__torch_dispatch__).
+"""The native per-op path (dtr._native) against the Python reference (ReferencePath._dispatch).
 
 The two must make the same decisions op by op: with the flop cost model a
 recorded log is a complete transcript of what the runtime told the core
@@ -23,7 +23,7 @@ import torch.nn.functional as F  # noqa: E402
 
 import dtr  # noqa: E402
 from dtr.runtime import native  # noqa: E402
-from dtr.runtime.mode import _CARRIED  # noqa: E402
+from dtr.runtime.driver import _CARRIED  # noqa: E402
 from dtr.runtime.storage_table import Buf as _Buf  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(__file__))
@@ -193,12 +193,12 @@ def test_the_native_path_runs_most_ops_and_hands_the_rest_to_the_reference():
     x, y = torch.randn(8, 32), torch.randint(0, 10, (8,))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     with dtr.budget(None, native=True) as b:
-        fast = b._mode.__dict__["__torch_dispatch__"]
+        fast = b._driver._fast
         train_step(model, x, y)
         opt.step()  # in-place writes: the reference's
         nat, ref = fast.counts
     assert nat > 0 and ref > 0 and nat > ref, (nat, ref)
-    assert "__torch_dispatch__" not in b._mode.__dict__  # the block's end drops the cycle mode <-> path
+    assert b._driver._fast is None and b._driver.entry is None  # the block's end drops the cycle driver <-> path
 
 
 def test_a_native_block_leaves_no_reference_cycle():
@@ -220,7 +220,7 @@ def test_a_native_block_leaves_no_reference_cycle():
         for limit in (None, "1KiB"):
             try:
                 with dtr.budget(limit, native=True) as b:
-                    ref = weakref.ref(b._mode)
+                    ref = weakref.ref(b._driver)
                     assert b.native
                     train_step(model, x, y)
             except dtr.OutOfBudgetError:
@@ -234,7 +234,7 @@ def test_a_native_block_leaves_no_reference_cycle():
 def test_full_polls_release_dropped_activations_natively(monkeypatch):
     """The native full poll releases the activations the program dropped itself; the reference's poll (a
     Python scan of every live tensor) runs only for a dropped constant. The accounting is the reference's."""
-    from dtr.runtime.mode import DTRMode
+    from dtr.runtime.driver import Driver
 
     def program():
         torch.manual_seed(0)
@@ -247,8 +247,8 @@ def test_full_polls_release_dropped_activations_natively(monkeypatch):
         return torch.stack(keep).sum()
 
     calls = []
-    real = DTRMode.poll
-    monkeypatch.setattr(DTRMode, "poll", lambda self, handles=None: (calls.append(handles), real(self, handles)))
+    real = Driver.poll
+    monkeypatch.setattr(Driver, "poll", lambda self, handles=None: (calls.append(handles), real(self, handles)))
     stats = {}
     for path in (True, False):
         calls.clear()
@@ -269,7 +269,7 @@ def test_collecting_old_versions_stays_native(monkeypatch):
     """Collection frees the storages of old versions, whose buffers a write took (0 bytes): the reference's
     eviction hook has nothing to do for them, and the native hook does not call it. Results and accounting
     are the reference's."""
-    from dtr.runtime.mode import DTRMode
+    from dtr.runtime.driver import Driver
 
     def program():
         torch.manual_seed(0)
@@ -281,8 +281,8 @@ def test_collecting_old_versions_stays_native(monkeypatch):
         return h
 
     calls = []
-    real = DTRMode._on_evict
-    monkeypatch.setattr(DTRMode, "_on_evict", lambda self, s: (calls.append(s), real(self, s))[1])
+    real = Driver._on_evict
+    monkeypatch.setattr(Driver, "_on_evict", lambda self, s: (calls.append(s), real(self, s))[1])
     got = {}
     for path in (False, True):
         calls.clear()
@@ -376,7 +376,7 @@ def test_wrapper_subclasses_behave_as_on_the_reference():
             return ("ok", torch.equal(y.a, a * 3) and torch.equal(y.b, b * 3))
         except Exception as e:  # whatever the reference does, the native path must do the same
             return (type(e).__name__, str(e).split("\n")[0])
-    assert run(True) == run(False) == ("ok", True)  # (mode.py's Note [Tensor subclasses])
+    assert run(True) == run(False) == ("ok", True)  # (reference.py's Note [Tensor subclasses])
 
 
 # ------------------------------------------------------------- the dispatch-key entry
@@ -394,7 +394,7 @@ def _key_run(tmp_path, name, fn, limit):
     torch.manual_seed(0)
     with dtr.budget(limit, cost_model="flops", log=path, entry="key", thrash_limit=None) as b:
         got = fn()
-    assert b._mode.entered == "key"
+    assert b.entered == "key"
     r = replay(path, "eqclass", limit, thrash_limit=float("inf"))
     assert r.status == ReplayStatus.OK, name
     assert (r.evictions, r.remats, r.peak_bytes) == (b.stats["evictions"], b.stats["remats"],
@@ -444,10 +444,10 @@ def test_the_dispatch_key_runs_most_ops_natively_and_ends_with_the_block():
     x, y = torch.randn(8, 32), torch.randint(0, 10, (8,))
     with dtr.budget(None, entry="key") as b:
         assert native.key_active() and _get_current_dispatch_mode() is None
-        fast = b._mode._fast
+        fast = b._driver._fast
         train_step(model, x, y)
         nat, ref = fast.counts
-        with b._mode.off():
+        with b._driver.off():
             assert not native.key_active()
             before = b.stats["ops"]
             torch.ones(3) * 2  # not seen
@@ -489,7 +489,7 @@ def test_gradient_sums_stay_in_place_through_the_key_as_without_dtr():
     with dtr.budget(None, entry="key"):
         step()  # (first sight of each signature runs its meta kernel, which the profiler counts)
     with dtr.budget(None, entry="key") as b:
-        fast = b._mode._fast
+        fast = b._driver._fast
         nat0, ref0 = fast.counts
         got: list = []
         counts = _sum_counts(lambda: got.append(step()))
@@ -597,11 +597,11 @@ def test_a_key_dtr_cannot_take_makes_the_block_a_mode_with_one_warning(monkeypat
     x, y = torch.randn(4, 16), torch.randint(0, 10, (4,))
     with pytest.warns(RuntimeWarning, match="entry='key' is unavailable.*already registered"):
         with dtr.budget(None, entry="key") as b:
-            assert b._mode.entered == "mode" and _get_current_dispatch_mode() is b._mode
+            assert b.entered == "mode" and _get_current_dispatch_mode() is b._driver.entry
             train_step(model, x, y)
     assert b.stats["ops"] > 0
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # once per process
         with dtr.budget(None, entry="key") as b:
             train_step(model, x, y)
-    assert b._mode.entered == "mode"
+    assert b.entered == "mode"

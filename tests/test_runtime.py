@@ -186,7 +186,7 @@ def test_a_failed_recomputation_after_a_handover_recovers(monkeypatch, swap):
             ys = [x + i for i in range(3)]
             with pytest.raises(RuntimeError, match="simulated failure"):
                 a.sum()
-            core = b._mode.core
+            core = b._driver.core
             core.check()
             assert all(core.locks(s) == 0 for s in range(core.num_storages) if not core.pinned(s))
             total = a.sum()
@@ -226,8 +226,8 @@ def test_recomputing_an_op_whose_other_outputs_were_collected(heuristic):
         with torch.no_grad():
             out, mean, rstd = torch.ops.aten.native_layer_norm(x, [1024], None, None, 1e-5)
             del mean, rstd
-            b._mode.poll()
-            b._mode.collect()
+            b._driver.poll()
+            b._driver.collect()
             a = out * 2
             ys = [a + i for i in range(3)]  # the sixth MiB: something must go
             total = out.sum()               # out comes back if it went
@@ -479,7 +479,7 @@ def test_escaped_memory_is_never_evicted():
         with torch.no_grad():
             held = [model[:k](x) for k in (2, 5, 8)]
             arr = held[0].numpy()
-            mode = b._mode
+            mode = b._driver
             s = mode.core.storage_of(mode.table.version[_storage(held[0])._cdata])
             for _ in range(2):
                 model(big)
@@ -510,8 +510,8 @@ def test_dropped_constant_protects_a_value_computed_from_it():
 
 def full_poll(b):
     """A full poll as the mode runs one: with the mode off, so that what it recomputes is not seen as new ops."""
-    with b._mode.off():
-        b._mode.poll()
+    with b._driver.off():
+        b._driver.poll()
 
 
 def test_a_dropped_constant_is_kept_rather_than_pinning_what_needs_it(tmp_path):
@@ -569,8 +569,8 @@ def test_a_constant_write_does_not_bring_back_what_the_program_dropped():
             w.add_(1)      # protects what needs the old w: k (resident) is pinned; h must not come back
             assert b.stats["remats"] == 0
             assert b.stats["memory_bytes"] <= 2 * n + n // 2
-            b._mode.poll()
-            assert len(b._mode.table.alive) == 2  # w and k
+            b._driver.poll()
+            assert len(b._driver.table.alive) == 2  # w and k
     assert torch.equal(k, ref)
 
 
@@ -589,7 +589,7 @@ def test_a_write_that_also_reads_its_target_is_one_write(tmp_path, write):
     """An in-place op whose written tensor is also another argument makes one new version of its storage.
 
     Matching written arguments by identity once made two writes of one
-    storage (Note [Written leaves] in dtr/runtime/mode.py): the core released a
+    storage (Note [Written leaves] in dtr/runtime/reference.py): the core released a
     tensor twice. Checked without a limit, and at a budget where both the
     written tensor and what reads it are evicted and recomputed (the old
     version is read twice, so it is copied rather than handed over).
@@ -658,10 +658,10 @@ class _Executed(torch.utils._python_dispatch.TorchDispatchMode):
 def test_a_factory_makes_room_before_it_allocates(monkeypatch, factory):
     """torch.ones / randn / arange have no tracked input: the core still evicts before they allocate
     (regression: they were accounted for after running, over the budget by their outputs)."""
-    from dtr.runtime import mode as mode_mod
+    from dtr.runtime.driver import Driver
     events = []
-    evict = mode_mod.DTRMode._on_evict
-    monkeypatch.setattr(mode_mod.DTRMode, "_on_evict", lambda self, s: (events.append(("evict", s)), evict(self, s)))
+    evict = Driver._on_evict
+    monkeypatch.setattr(Driver, "_on_evict", lambda self, s: (events.append(("evict", s)), evict(self, s)))
     n = 1 << 16  # floats: 256 KiB per tensor
     make = {"ones": lambda: torch.ones(n), "randn": lambda: torch.randn(n),
             "arange": lambda: torch.arange(n, dtype=torch.float32)}[factory]
@@ -723,7 +723,7 @@ def test_tensors_held_when_the_block_fails_come_back(failure):
             hs = _chain(x, 7)
             kept = hs[::2]  # x * 2, * 8, * 32, * 128: within the budget together
             del hs
-            assert b.stats["evictions"] > 0 and not all(b._mode.core.defined(b._mode.table.version[
+            assert b.stats["evictions"] > 0 and not all(b._driver.core.defined(b._driver.table.version[
                 _storage(t)._cdata]) for t in kept)
             if failure == "program":
                 raise KeyError("the program's own error")
@@ -746,7 +746,7 @@ def test_a_failed_block_whose_tensors_cannot_come_back_says_so(monkeypatch):
                 hs = _chain(x, 7)
                 kept = hs[::2]
                 del hs
-                assert not all(b._mode.core.defined(b._mode.table.version[_storage(t)._cdata]) for t in kept)
+                assert not all(b._driver.core.defined(b._driver.table.version[_storage(t)._cdata]) for t in kept)
                 monkeypatch.setattr(recompute_mod.Recomputer, "run", failing)
                 raise KeyError("the program's own error")
     assert any(_storage(t).nbytes() == 0 for t in kept)  # what the warning is about
@@ -755,8 +755,8 @@ def test_a_failed_block_whose_tensors_cannot_come_back_says_so(monkeypatch):
 @pytest.mark.compact_floor
 def test_only_large_tables_are_compacted():
     """Note [Compaction]: a short block never compacts; a long one does, and its results stay exact."""
-    from dtr.runtime import mode as mode_module
-    floor = mode_module._COMPACT_MIN_OPS
+    from dtr.runtime import limits
+    floor = limits.COMPACT_MIN_OPS
     w = torch.randn(8, 8) / 8
     x = torch.randn(4, 8)
 
@@ -769,7 +769,7 @@ def test_only_large_tables_are_compacted():
     def compactions(n):
         with dtr.budget(None) as b:
             out = chain(n)
-            done = b._mode._compactions
+            done = b._driver._compactions
         assert torch.equal(out, chain(n))
         return done
 

@@ -266,8 +266,8 @@ def test_compiled_kernels_never_read_an_evicted_input():
     crashed with a segmentation fault that way (docs/runtime-design.md,
     "torch.compile").
     """
-    from dtr.runtime.mode import DTRMode
-    assert not DTRMode.ignore_compile_internals()
+    from dtr.runtime.entry import ModeEntry
+    assert not ModeEntry.ignore_compile_internals()
     torch.manual_seed(0)
     x = torch.randn(256, 128)
     pointwise = torch.compile(lambda h: torch.relu(h) * 1.5 + 0.1)
@@ -345,8 +345,8 @@ def test_fifty_steps_exact_and_bounded_memory(one_with):
             for step in range(STEPS):
                 loss = train_one(model, opt, data, step)
                 record(loss)
-                b._mode.poll()     # liveness as of the end of the step
-                b._mode.collect()  # and the graph GC: storages nothing can need again are freed
+                b._driver.poll()     # liveness as of the end of the step
+                b._driver.collect()  # and the graph GC: storages nothing can need again are freed
                 memory.append(b.stats["memory_bytes"])
         budgets.append(b)
     else:
@@ -405,7 +405,7 @@ def test_fifty_steps_in_one_with_keep_metadata_bounded():
     with dtr.budget(limit, cost_model="flops") as b:
         for step in range(STEPS):
             train_one(model, opt, data, step)
-            mode = b._mode
+            mode = b._driver
             mode.poll()
             lagging.append(table_sizes(mode))
             if step + 1 in (5, STEPS):
@@ -493,7 +493,7 @@ def test_dropped_numpy_shared_storages_are_freed_without_resizing(make, limit):
     want = program()
     with dtr.budget(limit, cost_model="flops") as b:
         got = program()
-        b._mode.poll()  # (as the next full poll would) the dropped storage is freed now
+        b._driver.poll()  # (as the next full poll would) the dropped storage is freed now
     assert all(torch.equal(g, w) for g, w in zip(got, want))
 
 

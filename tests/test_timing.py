@@ -253,7 +253,7 @@ def fake_budget(limit, fake, max_pending=64, **kw):
     """A CPU budget whose ops are timed by the event timer on fake events."""
     b = dtr.budget(limit, cost_model="time", device="cpu", **kw)
     b.__enter__()
-    mode = b._mode
+    mode = b._driver
     mode.timer = CudaEventTimer(mode._on_timed, event_factory=fake, max_pending=max_pending)
     resolved = {}
     on_timed = mode._on_timed
@@ -400,8 +400,8 @@ def test_pending_costs_follow_compaction():
 def test_cpu_time_model_uses_the_wall_timer():
     with dtr.budget(None, cost_model="time") as b:
         (torch.ones(10) * 2).sum()
-        assert isinstance(b._mode.timer, WallTimer)
-        assert b._mode.core.op_cost(b._mode.core.num_ops - 1) > 0
+        assert isinstance(b._driver.timer, WallTimer)
+        assert b._driver.core.op_cost(b._driver.core.num_ops - 1) > 0
 
 
 # The CUDA runs of the event timer (exactness, the budget by the allocator, recording): tests/test_cuda.py.

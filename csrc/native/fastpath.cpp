@@ -506,6 +506,7 @@ struct FastPath {
   uint64_t native_ops, fallback_ops;
   vectorcallfunc vectorcall;
   bool key_reference;  // through the dispatch key, every op to the reference (tests: the same op stream)
+  PyObject* owner;     // a weak reference to the dispatch mode it is the __torch_dispatch__ of, or null (owned)
 };
 
 PyObject* mget(FastPath* f, S name) {  // the mode's slot, borrowed; null with no error set if it is unset
@@ -1791,6 +1792,7 @@ int FastPath_init(PyObject* self, PyObject* args, PyObject* kwargs) {
 }
 
 void FastPath_clear_refs(FastPath* f) {
+  Py_CLEAR(f->owner);
   Py_CLEAR(f->mode); Py_CLEAR(f->table); Py_CLEAR(f->liveness); Py_CLEAR(f->fallback); Py_CLEAR(f->core); Py_CLEAR(f->cost_model);
   Py_CLEAR(f->device_name);
 }
@@ -1821,11 +1823,22 @@ PyObject* FastPath_new(PyTypeObject* type, PyObject*, PyObject*) {
   return self;
 }
 
-PyObject* FastPath_self(PyObject* self, void*) {  // torch requires __torch_dispatch__.__self__ to be the mode
-  PyObject* m = reinterpret_cast<FastPath*>(self)->mode;
-  if (m == nullptr) Py_RETURN_NONE;
+// torch requires a mode's __torch_dispatch__.__self__ to be the mode: the dispatch mode this path is the
+// __torch_dispatch__ of (dtr/runtime/entry.py's NativeMode sets it, held weakly), else the driver.
+PyObject* FastPath_self(PyObject* self, void*) {
+  FastPath* f = reinterpret_cast<FastPath*>(self);
+  PyObject* m = f->owner != nullptr ? PyWeakref_GetObject(f->owner) : f->mode;
+  if (m == nullptr || m == Py_None) Py_RETURN_NONE;
   Py_INCREF(m);
   return m;
+}
+
+int FastPath_set_self(PyObject* self, PyObject* value, void*) {
+  FastPath* f = reinterpret_cast<FastPath*>(self);
+  PyObject* ref = value != nullptr && value != Py_None ? PyWeakref_NewRef(value, nullptr) : nullptr;
+  if (value != nullptr && value != Py_None && ref == nullptr) return -1;
+  Py_XSETREF(f->owner, ref);
+  return 0;
 }
 
 PyObject* FastPath_counts(PyObject* self, void*) {
@@ -2015,7 +2028,7 @@ PyMethodDef FastPath_methods[] = {
     {nullptr, nullptr, 0, nullptr}};
 
 PyGetSetDef FastPath_getset[] = {
-    {"__self__", FastPath_self, nullptr, "the mode (as for a bound method)", nullptr},
+    {"__self__", FastPath_self, FastPath_set_self, "the mode (as for a bound method); settable", nullptr},
     {"counts", FastPath_counts, nullptr, "(ops run here, ops handed to the reference)", nullptr},
     {nullptr, nullptr, nullptr, nullptr, nullptr}};
 

@@ -14,9 +14,10 @@ from torch.utils._python_dispatch import _disable_current_modes, _get_current_di
 from dtr.core import Core, make_config
 from dtr.errors import BudgetWarning, NestingError, OutOfBudgetError, ThrashingError
 from dtr.heuristics import Heuristic, get_heuristic, heuristic_names
+from dtr.runtime import entry as entries
 from dtr.runtime.costs import get_cost_model
+from dtr.runtime.driver import Driver
 from dtr.runtime.escapes import patch_escapes
-from dtr.runtime.mode import DTRMode
 from dtr.runtime.native import key_active as _key_active
 from dtr.runtime.native import use_entry, use_native
 from dtr.runtime.recorder import LogRecorder
@@ -63,19 +64,19 @@ __all__ = ["budget", "Budget", "active_budget", "check_device"]
 # failure while it brought everything back), which only a full garbage
 # collection breaks (and the block had frozen the collector's older objects),
 # and the exception's traceback, which holds dtr's own frames and their
-# locals (the mode, its core and recipes, the op's arguments) for as long as
+# locals (the driver, its core and recipes, the op's arguments) for as long as
 # the program keeps the exception. So no dtr code keeps an exception in a
 # local that outlives its handler, and when a block ends by an exception the
 # locals of dtr's own finished frames in its traceback (and in those of its
 # context and cause) are cleared, with torch's wrappers around
-# __torch_dispatch__ (they hold the mode): the program's frames are left as
+# __torch_dispatch__ (they hold the entry and its driver): the program's frames are left as
 # they are.
 #
 # Note [A failed block leaves nothing to the next]
 # A block's outcome depends only on its program and its budget, never on the
 # blocks before it. A failed one leaves two things behind. The storages the
 # program still holds are remembered for the next block as any block's are
-# (Note [Constants from earlier blocks] in mode.py); a failed block once
+# (Note [Constants from earlier blocks] in driver.py); a failed block once
 # remembered none, so the next one counted the program's parameters only from
 # their first use, and made other decisions than after a block that ended
 # normally. And the failed step's own tensors are still alive when its
@@ -95,7 +96,7 @@ def _clear_own_frames(exc: BaseException) -> None:
 
     dtr's frames are those of its own code, and the frames of torch's code
     right before one of them: the wrappers around ``__torch_dispatch__``
-    (they hold the mode among their arguments).
+    (they hold the entry among their arguments).
     """
     seen: set = set()
     stack: List[Optional[BaseException]] = [exc]
@@ -170,7 +171,8 @@ class Budget:
     Attributes:
         budget_bytes: the limit (None: no limit).
         native: whether the block runs the native per-op path (dtr/runtime/native.py).
-        entry: how the block's ops reach dtr: ``"mode"`` or ``"key"``.
+        entry: how the block's ops should reach dtr: ``"mode"`` or ``"key"``.
+        entered: how they did, once the block began (``"mode"`` where the key could not be taken).
         stats: a mapping readable during and after the block: ``evictions``,
             ``remats``, ``remat_seconds``, ``peak_bytes`` (dtr's accounting),
             ``budget_bytes``, ``memory_bytes``, ``base_compute``,
@@ -214,6 +216,7 @@ class Budget:
         if entry is not None and not isinstance(entry, str):
             raise TypeError(f"entry must be 'mode', 'key' or None, not {entry!r}")
         self.entry = use_entry(entry, self.native, self._device)  # how the block's ops reach it
+        self.entered: Optional[str] = None  # how they did (dtr/runtime/entry.py)
         given = {"heuristic": heuristic, "log": log, "cost_model": cost_model, "sample": sample, "seed": seed,
                  "device": device, "log_meta": log_meta, "eqclass_split": eqclass_split, "native": native,
                  "entry": entry}
@@ -224,7 +227,7 @@ class Budget:
         self._asked = {k: effective[k] for k, v in given.items() if v is not _INHERITED[k] and v != _INHERITED[k]}
         self._runs = effective
         self._core: Optional[Core] = None
-        self._mode: Optional[DTRMode] = None
+        self._driver: Optional[Driver] = None
         self._final: Optional[dict] = None
         self._froze = False
         self._outer: Optional["Budget"] = None  # the block this one is nested in (Note [Nested blocks])
@@ -240,37 +243,37 @@ class Budget:
         return self._read_stats()
 
     def _read_stats(self) -> dict:
-        assert self._core is not None and self._mode is not None, "only once the block has begun"
+        assert self._core is not None and self._driver is not None, "only once the block has begun"
         c, base = self._core.counters, self._base  # (a nested block's: those since it began)
         stats = {
             "budget_bytes": self.budget_bytes,
             **{k: c[k] - base.get(k, 0) for k in _STAT_COUNTERS},
-            "remat_seconds": self._mode.remat_seconds - base.get("remat_seconds", 0.0),
+            "remat_seconds": self._driver.remat_seconds - base.get("remat_seconds", 0.0),
             "peak_bytes": c["peak_memory"],
             "memory_bytes": c["memory"],
             "cost_unit": self.cost_model.unit,
-            "ops": self._mode.ops_seen - int(base.get("ops", 0)),
+            "ops": self._driver.ops_seen - int(base.get("ops", 0)),
         }
         return {k: stats[k] for k in ("budget_bytes", "evictions", "eager_evictions", "remats", "remat_seconds",
                                       "peak_bytes", "memory_bytes", "base_compute", "remat_compute", "cost_unit",
                                       "ops")}
 
     def _check(self) -> None:
-        """Assert the running block's invariants (DTRMode._check): tests call it between ops. O(its tables).
+        """Assert the running block's invariants (Driver._check): tests call it between ops. O(its tables).
 
         Raises:
             AssertionError: one does not hold (a bug in dtr).
         """
-        if self._core is not None and self._mode is not None:
-            self._mode._check()
+        if self._core is not None and self._driver is not None:
+            self._driver._check()
 
     def __enter__(self) -> "Budget":
-        if self._mode is not None or self._final is not None:
+        if self._driver is not None or self._final is not None:
             raise RuntimeError("a dtr.budget cannot be entered twice; create a new one")
         active = _active_blocks()
         if active:
             return self._enter_nested(active[-1])
-        if any(isinstance(m, DTRMode) for m in _get_current_dispatch_mode_stack()) or _key_active():
+        if any(isinstance(m, entries.ModeEntry) for m in _get_current_dispatch_mode_stack()) or _key_active():
             # (a block of this thread's is always on its stack: this is a mode or key dtr did not enter)
             raise NestingError("a dtr runtime is already active in this thread outside any dtr.budget block")
         left = _AFTER_FAILURE.pop("left", ())  # see Note [A failed block leaves nothing to the next]
@@ -284,12 +287,12 @@ class Budget:
             recorder = LogRecorder(self.log_path, {
                 **self.log_meta, "cost_unit": self.cost_model.unit, "budget_bytes": self.budget_bytes,
                 "heuristic": self.heuristic.name, "recorded_by": "dtr.budget", **self.semantics.to_meta()})
-        self._mode = DTRMode(self._core, self.cost_model, recorder, self._device, self.native, self.entry)
-        self._restore_escapes = patch_escapes(self._mode.escape)
+        self._driver = Driver(self._core, self.cost_model, recorder, self._device)
+        self._restore_escapes = patch_escapes(self._driver.escape)
         # See Note [Compiled code in a block]; set_stance sets it now, and its __exit__ restores the old one.
         self._stance = torch.compiler.set_stance("force_eager")
         try:
-            self._mode.enter_dispatch()
+            self.entered = entries.enter(self._driver, self.native, self.entry).kind
         except BaseException:
             self._stance.__exit__(None, None, None)
             self._restore_escapes()
@@ -309,14 +312,14 @@ class Budget:
             raise NestingError(f"a dtr.budget block inside another runs on the outer block's runtime and cannot "
                                f"change {', '.join(clash)} (asked for {asked}); give an inner block only a budget "
                                f"and a thrash limit, or set these on the outer block")
-        core, mode = outer._core, outer._mode
-        assert core is not None and mode is not None, "an active block has a core"
-        self.native, self.entry, self._device = outer.native, outer.entry, outer._device
+        core, driver = outer._core, outer._driver
+        assert core is not None and driver is not None, "an active block has a core"
+        self.native, self.entry, self.entered, self._device = outer.native, outer.entry, outer.entered, outer._device
         self.heuristic, self.cost_model, self.semantics = outer.heuristic, outer.cost_model, outer.semantics
         outer_budget = None if core.budget < 0 else core.budget
         tighter = min((b for b in (outer_budget, self.budget_bytes) if b is not None), default=None)
-        with mode.off():  # (what the program dropped is no longer resident; the tighter budget binds from now)
-            mode.poll()
+        with driver.off():  # (what the program dropped is no longer resident; the tighter budget binds from now)
+            driver.poll()
             self._saved = (outer_budget, core.thrash_limit, core.restart_peak())
             core.set_budget(tighter)
             try:
@@ -327,9 +330,9 @@ class Budget:
                 raise
         core.set_thrash_limit(min(core.thrash_limit, self.thrash_limit))
         c = core.counters
-        self._base = {**{k: c[k] for k in _STAT_COUNTERS}, "remat_seconds": mode.remat_seconds,
-                      "ops": mode.ops_seen}
-        self._outer, self._core, self._mode = outer, core, mode
+        self._base = {**{k: c[k] for k in _STAT_COUNTERS}, "remat_seconds": driver.remat_seconds,
+                      "ops": driver.ops_seen}
+        self._outer, self._core, self._driver = outer, core, driver
         _active_blocks().append(self)
         return self
 
@@ -345,8 +348,8 @@ class Budget:
         self._core = None
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        mode, core = self._mode, self._core
-        assert mode is not None and core is not None, "__exit__ without __enter__"
+        driver, core = self._driver, self._core
+        assert driver is not None and core is not None, "__exit__ without __enter__"
         active = _active_blocks()
         if not active or active[-1] is not self:
             raise NestingError("dtr.budget blocks must end in the reverse order they began (this one is not the "
@@ -360,17 +363,17 @@ class Budget:
             _clear_own_frames(exc)  # see Note [Nothing of a failed block stays alive]
         try:
             self._restore_escapes()
-            mode.exit_dispatch(exc_type, exc, tb)
+            driver.entry.exit(exc_type, exc, tb)
             with _disable_current_modes():  # every tensor the program still holds is resident again
                 if exc_type is None:
                     try:
-                        mode.finish()
+                        driver.finish()
                     except BaseException:
                         failed = True
                         raise
-                else:  # (see Note [The end of a block] in mode.py; the block's own exception goes on)
+                else:  # (see Note [The end of a block] in driver.py; the block's own exception goes on)
                     try:
-                        mode.finish()
+                        driver.finish()
                     except (OutOfBudgetError, ThrashingError):
                         pass  # everything came back; the block's own exception is the one to see
                     except Exception as e:
@@ -381,17 +384,18 @@ class Budget:
             self._stance.__exit__(None, None, None)
             if self._froze:
                 gc.unfreeze()
-            added = mode.carry_out()  # see Note [Constants from earlier blocks] in mode.py (a failed block's too)
+            added = driver.carry_out()  # see Note [Constants from earlier blocks] in driver.py (failed blocks too)
             if failed:  # what it left may be garbage the next block must not count
                 _AFTER_FAILURE["left"] = added
             self._final = self._read_stats()
-            if mode.recorder is not None:
-                mode.recorder.close()
+            if driver.recorder is not None:
+                driver.recorder.close()
             core.set_hooks()
-            mode.detach_native()
+            driver.detach_native()
+            driver.entry = None
             # Drop dtr's references: recipes, buffers, the core.
-            mode.recomputer.recipes.clear()
-            mode.table.clear()
+            driver.recomputer.recipes.clear()
+            driver.table.clear()
             self._core = None
         return None
 

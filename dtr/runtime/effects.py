@@ -7,11 +7,12 @@ writes are registered here, by decorator, one small function per op.
 """
 from __future__ import annotations
 
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-__all__ = ["has_hidden_writes", "may_write", "overwrites_self", "register_writes", "written_args"]
+__all__ = ["REBINDS", "RESIZES", "SEEDED", "has_hidden_writes", "may_write", "native_op_info", "overwrites_self",
+           "register_writes", "schema_writes", "written_args"]
 
 _generation = 0  # how many times rules were registered
 # op overload packet name -> f(args, kwargs) -> positions of written tensor args
@@ -93,3 +94,38 @@ def overwrites_self(func: torch._ops.OpOverload) -> bool:
     """Whether ``func`` writes every element of its first argument without reading it."""
     return func._schema.name in _OVERWRITE_SELF
 
+
+
+#: ``aten::set_``: it rebinds a tensor's storage, writing no bytes (Note [Rebinding a tensor's storage] in
+#: reference.py).
+REBINDS = frozenset(getattr(torch.ops.aten.set_, o) for o in torch.ops.aten.set_.overloads())
+#: Ops that change a storage's size.
+RESIZES = frozenset(("aten::resize_", "aten::resize_as_", "aten::resize_as_sparse_"))
+#: A random op: its generator state is saved for recomputation (Note [Random ops] in recompute.py).
+SEEDED = torch.Tag.nondeterministic_seeded
+
+
+def native_op_info(func: Any) -> Tuple[bool, bool, str, Any, bool]:
+    """How the native per-op path may take ``func``: (whether it may run it, whether it is random, its name in
+    logs, what to call, whether it may run it as an in-place op on its first argument).
+
+    The native path runs ops that write nothing (no declared or hidden write:
+    see effects.may_write) and are not aten::set_; and in-place ops whose one
+    write, declared by the schema, is their first argument, a single tensor
+    that they return (``add_``, ``mul_``, ...), when that is neither random,
+    nor a fill (Note [Adopting recomputed bytes] in recompute.py), nor a change of metadata
+    (``t_``, ``as_strided_``: tagged inplace_view) or of the storage's size
+    (``resize_``), nor under a hidden-write rule. What it calls to run the op is the overload's bound C++ operator
+    (``func._op``, what ``OpOverload.__call__`` calls) when ``func`` is a plain
+    ``OpOverload``: one Python frame less per op; anything else is called as it is.
+    """
+    call = func._op if type(func) is torch._ops.OpOverload else func
+    seeded = SEEDED in func.tags
+    schema = func._schema
+    writes = schema_writes(func)[0] if type(func) is torch._ops.OpOverload else None  # (metadata writes excluded:)
+    inplace = (writes == (0,) and func not in REBINDS and not seeded and not overwrites_self(func)
+               and not has_hidden_writes(func) and schema.name not in RESIZES
+               and torch.Tag.inplace_view not in func.tags and len(schema.returns) == 1
+               and schema.returns[0].alias_info is not None and schema.returns[0].alias_info.is_write
+               and isinstance(schema.arguments[0].type, torch.TensorType))
+    return (func not in REBINDS and not may_write(func), seeded, schema.name.split("::")[-1], call, inplace)

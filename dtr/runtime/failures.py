@@ -5,7 +5,7 @@ An :class:`~dtr.OutOfBudgetError` from the core carries a
 not be evicted (the core's Note [What filled the budget] in
 csrc/core_evict.cpp), with the core's ids of the op being begun and the op
 being recomputed. :func:`name_failure` names them once, where the error leaves
-an op: DTRMode.__torch_dispatch__ for the reference, and the native per-op
+an op: ReferencePath._dispatch for the reference, and the native per-op
 path (csrc/native/fastpath.cpp calls it for both of its entries). The error
 keeps its type and its data; only its message grows.
 """
@@ -34,7 +34,7 @@ def name_failure(mode: Any, exc: BaseException, what: Any) -> None:
     """Say in ``exc`` what dtr was doing when it failed, if nothing said so yet.
 
     Args:
-        mode: the block's DTRMode (its recipes name the recomputed op).
+        mode: the block's Driver (its recipes name the recomputed op).
         exc: the error; only an OutOfBudgetError or a ThrashingError is changed.
         what: the op that was about to run (an OpOverload, named ``aten::...``),
             or a description of what dtr was doing (a str).

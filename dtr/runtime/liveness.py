@@ -13,9 +13,10 @@ from typing import Any, Iterable, List, Optional
 
 import torch
 
+from dtr.runtime import limits
 from dtr.runtime.storage_table import StorageTable
 
-__all__ = ["POLL_EVERY", "RECENT_OPS", "Liveness"]
+__all__ = ["Liveness"]
 
 _expired = torch.UntypedStorage._expired  # StorageWeakRef.expired() without its two Python frames
 
@@ -25,9 +26,9 @@ _expired = torch.UntypedStorage._expired  # StorageWeakRef.expired() without its
 # a storage the program drops is freed by PyTorch at once, exactly as without
 # dtr. The core learns of it at the next poll, and until then counts it as
 # resident: its accounting errs on the safe side. Before every op, the
-# storages that the last RECENT_OPS ops read or wrote are checked: most die
+# storages that the last limits.RECENT_OPS ops read or wrote are checked: most die
 # right after their last use (a variable rebound, autograd dropping a node's
-# saved tensors once the node's backward ops ran). Every POLL_EVERY ops (or,
+# saved tensors once the node's backward ops ran). Every limits.POLL_EVERY ops (or,
 # under a budget and not recording, every len(alive) / 4 ops when more live:
 # amortized O(1) per op), whenever room must be made, and before any
 # recomputation, all are checked. When only tracking (no budget, no log), the
@@ -43,8 +44,6 @@ _expired = torch.UntypedStorage._expired  # StorageWeakRef.expired() without its
 # tensors up to 16 ops late (an 11% higher peak on the LSTM log), which the
 # simulator then counted as live. Buffers dtr owns (an old version's value
 # brought back for a recomputation) are held strongly.
-POLL_EVERY = 16
-RECENT_OPS = 4  # see Note [Liveness]
 
 
 # Note [Keeping a dead constant]
@@ -68,7 +67,7 @@ class Liveness:
     """Which storages the program still holds (see the module's docstring); one per block.
 
     The native per-op path reads ``recent``, ``next_full_poll`` and
-    ``on_schedule`` at fixed offsets (Note [The mode's slots] in mode.py).
+    ``on_schedule`` at fixed offsets (Note [The driver's slots] in driver.py).
     """
 
     __slots__ = ("core", "table", "recorder", "recent", "next_full_poll", "on_schedule")
@@ -77,8 +76,8 @@ class Liveness:
         self.core = core
         self.table = table
         self.recorder = recorder
-        self.recent: List[List[int]] = []  # handles each of the last RECENT_OPS ops read or wrote
-        self.next_full_poll = POLL_EVERY
+        self.recent: List[List[int]] = []  # handles each of the last limits.RECENT_OPS ops read or wrote
+        self.next_full_poll = limits.POLL_EVERY
         # Tracking only: a scheduled full poll waits for an op that could set a new peak (Note [Liveness]).
         self.on_schedule = recorder is not None or core.budget >= 0
 
@@ -90,16 +89,16 @@ class Liveness:
         """An op read or wrote ``handles``: the next ops' partial polls look at them."""
         recent = self.recent
         recent.append(handles)
-        if len(recent) > RECENT_OPS:
+        if len(recent) > limits.RECENT_OPS:
             del recent[0]
 
     def _check(self) -> None:
-        """Assert that the recent handles are few and were made by the table. O(RECENT_OPS * arity).
+        """Assert that the recent handles are few and were made by the table. O(limits.RECENT_OPS * arity).
 
         Raises:
             AssertionError: they are not (a bug in the runtime).
         """
-        assert len(self.recent) <= RECENT_OPS, f"{len(self.recent)} recent ops kept, at most {RECENT_OPS}"
+        assert len(self.recent) <= limits.RECENT_OPS, f"{len(self.recent)} recent ops kept, at most {limits.RECENT_OPS}"
         last = self.table._next_handle
         assert all(1 <= h <= last for hs in self.recent for h in hs), "a recent op names a handle never made"
 
@@ -156,7 +155,7 @@ class Liveness:
     # recomputed: the dropped ones among them are released (as before a write to
     # a constant) and the partial poll goes on. Gradients summed in place (the
     # dispatch-key entry: autograd accumulates in place when no Python object
-    # holds a gradient) make version chains that are pinned at mode.py's _MAX_VERSIONS,
+    # holds a gradient) make version chains that are pinned at limits.MAX_VERSIONS,
     # and pinned gradients are dropped (by autograd, or by the program's
     # zero_grad(set_to_none=True)): a full poll for each cost the TreeLSTM about
     # 5% of a step. The native path settles such a poll itself when no dropped
@@ -169,14 +168,14 @@ class Liveness:
     def schedule(self, ops_seen: int) -> None:
         """Set when the next scheduled full poll is due; called by every full poll.
 
-        Every POLL_EVERY ops or, under a budget (which polls fully anyway
+        Every limits.POLL_EVERY ops or, under a budget (which polls fully anyway
         whenever room must be made), every len(alive) / 4 ops when more
         tensors live: amortized O(1) per op. Without a budget or while
-        recording, POLL_EVERY keeps the peak accounting and the log's
+        recording, limits.POLL_EVERY keeps the peak accounting and the log's
         releases prompt.
         """
         lazy = self.recorder is None and self.core.budget >= 0
-        every = max(POLL_EVERY, len(self.table.alive) // 4) if lazy else POLL_EVERY
+        every = max(limits.POLL_EVERY, len(self.table.alive) // 4) if lazy else limits.POLL_EVERY
         self.next_full_poll = ops_seen + every
 
     def worth_keeping(self, s: int) -> bool:

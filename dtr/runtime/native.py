@@ -1,6 +1,6 @@
 """The native per-op path (``dtr._native``): loading it, checking it matches torch, and choosing it.
 
-The runtime's reference is DTRMode.__torch_dispatch__ in Python; ``dtr._native``
+The runtime's reference is ReferencePath._dispatch in Python; ``dtr._native``
 runs the common op through the same steps in C++ (Note [The native per-op
 path] in csrc/native/fastpath.cpp). It is built against one torch: the one an
 install built (setup.py, next to the torch it found), if that is the running
@@ -32,8 +32,8 @@ import torch
 
 from dtr.runtime import native_build
 
-__all__ = ["ENTRIES", "ENTRY_ENV_VAR", "ENV_VAR", "NativeStatus", "available", "default_entry", "fast_path",
-           "key_active", "key_enter", "key_off", "native_module", "status", "use_entry", "use_native"]
+__all__ = ["ENTRIES", "ENTRY_ENV_VAR", "ENV_VAR", "NativeStatus", "available", "default_entry", "key_active",
+           "key_enter", "key_exit", "key_off", "native_module", "status", "use_entry", "use_native", "why_unavailable"]
 
 ENV_VAR = "DTR_NATIVE"
 ENTRY_ENV_VAR = "DTR_ENTRY"
@@ -108,22 +108,12 @@ def _load(allow_build: bool = True) -> Optional[ModuleType]:
         return None
     _state["origin"] = origin
     _state["path"] = module.__file__
-    from dtr import core
-    from dtr.runtime import effects, failures, liveness, mode, prediction, recompute, storage_table, timing
-    module.configure({
-        "Mode": mode.DTRMode, "Table": storage_table.StorageTable, "Buf": storage_table.Buf,
-        "Liveness": liveness.Liveness, "Recomputer": recompute.Recomputer, "Slot": recompute.Slot,
-        "Recipe": recompute.Recipe, "WallTimer": timing.WallTimer,
-        "TRANSLATED": core._TRANSLATED, "name_failure": failures.name_failure,
-        "rng_capture": recompute.rng_capture, "size_warning": mode._size_warning, "op_info": mode._native_op_info,
-        "effects": effects, "RECENT_OPS": liveness.RECENT_OPS, "GC_MIN_OPS": mode._GC_MIN_OPS,
-        "MAX_PREDICTIONS": prediction.MAX_PREDICTIONS, "MAX_VERSIONS": mode._MAX_VERSIONS,
-    })
     return module
 
 
 def native_module() -> Optional[ModuleType]:
-    """The configured ``dtr._native``, or None if it is missing or does not match the running torch."""
+    """``dtr._native`` for the running torch (not yet configured: dtr/runtime/entry.py does that before a block
+    uses it), or None if it is missing and cannot be built (``_state["why"]`` says why)."""
     if "module" not in _state:
         _state["module"] = _load()
     return _state["module"]
@@ -275,6 +265,18 @@ def key_enter(fast: Any, reference: bool) -> bool:
         return False
 
 
+def key_exit() -> None:
+    """Give the dispatch key back (the end of a block that took it with :func:`key_enter`)."""
+    m = native_module()
+    assert m is not None, "entered through the key without dtr._native"
+    m.key_exit()
+
+
+def why_unavailable() -> str:
+    """Why the native path is unavailable in this process ("" when it is available)."""
+    return "" if native_module() is not None else _state.get("why", "")
+
+
 def key_active() -> bool:
     """Whether this thread's ops go to a block through the dispatch key now."""
     m = _state.get("module")  # (a block that took the key has loaded it)
@@ -294,11 +296,3 @@ class key_off:
         m = native_module()
         if self._prev is not None and m is not None:
             m.key_exclude(self._prev)
-
-
-def fast_path(mode: Any, fallback: Any) -> Any:
-    """The native ``__torch_dispatch__`` for ``mode``; ``fallback`` (the reference) takes what it does not."""
-    m = native_module()
-    if m is None:
-        raise RuntimeError(f"dtr: the native per-op path is unavailable: {_state['why']}")
-    return m.FastPath(mode, fallback)

@@ -10,12 +10,12 @@ from typing import Any, Dict, List, NamedTuple, Optional
 
 import torch
 
+from dtr.runtime import limits
 from dtr.runtime.pytree import tree_flatten, tree_unflatten
 from dtr.runtime.storage_table import opaque
 
-__all__ = ["MAX_PREDICTIONS", "PREDICTIONS", "Prediction", "PredictionCache"]
+__all__ = ["PREDICTIONS", "Prediction", "PredictionCache"]
 
-MAX_PREDICTIONS = 1 << 16  # entries: a bound for programs with ever-new shapes
 # Tensor.untyped_storage unwrapped: a block wraps the public method (Note [Escaped memory] in escapes.py).
 _storage = torch._C.TensorBase.untyped_storage
 
@@ -36,13 +36,13 @@ class Prediction(NamedTuple):
 # cache per block reran every op on meta tensors each step: 15-25% of a small
 # CNN's step). An op without a meta kernel, or whose output sizes depend on
 # its data, is cached as unknown (``sizes`` None): it is accounted for after
-# it ran. Past MAX_PREDICTIONS entries the cache starts over.
+# it ran. Past limits.MAX_PREDICTIONS entries the cache starts over.
 class PredictionCache:
     """Predictions by op signature, bounded (see Note [Sizes before allocation])."""
 
     __slots__ = ("_entries", "limit")
 
-    def __init__(self, limit: int = MAX_PREDICTIONS) -> None:
+    def __init__(self, limit: int = limits.MAX_PREDICTIONS) -> None:
         self._entries: Dict[Any, Prediction] = {}
         self.limit = limit
 

@@ -1,11 +1,11 @@
 """Recipes and recomputation: what it takes to run a recorded op again, and running it.
 
 The runtime records a Recipe for each op that produced or wrote a storage
-(DTRMode._commit, or the native path's commit); when the core decides to
+(ReferencePath._commit, or the native path's commit); when the core decides to
 recompute an op (its on_compute hook), the Recomputer runs that recipe again
 over the storage versions it first read, and puts the results into the
 versions' storages, which every tensor object of the program already views
-(Note [Evicting storages in place] in mode.py). The recipes, keyed by core
+(Note [Evicting storages in place] in driver.py). The recipes, keyed by core
 op, are the Recomputer's: it renumbers them at compaction and drops those the
 core collected.
 """
@@ -95,7 +95,7 @@ class Recomputer:
     """Holds the recipes and runs them again when the core recomputes (see the module's docstring).
 
     The native per-op path stores its recipes in ``recipes`` too (a slot it
-    reads at a fixed offset, like the mode's: Note [The mode's slots] in mode.py).
+    reads at a fixed offset, like the mode's: Note [The driver's slots] in driver.py).
     """
 
     __slots__ = ("core", "table", "recipes", "device")

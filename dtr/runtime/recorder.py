@@ -18,7 +18,7 @@ __all__ = ["LogRecorder"]
 
 
 def _id(handle: int) -> str:
-    """A log's name for a runtime handle (mode.py's Note [Handles])."""
+    """A log's name for a runtime handle (driver.py's Note [Handles])."""
     return f"t{handle}"
 
 

@@ -33,7 +33,7 @@ def wrapper(x: torch.Tensor) -> bool:
 
     Its storage is no memory of its own (resizing it raises): what it wraps
     are plain tensors, which dtr tracks when the subclass runs ops on them
-    (Note [Tensor subclasses] in mode.py). O(1); dearer only for subclasses.
+    (Note [Tensor subclasses] in reference.py). O(1); dearer only for subclasses.
     """
     return type(x) not in _PLAIN and _dispatch_keys(x).has(_PYTHON_KEY)
 
@@ -45,7 +45,7 @@ def subclass_types(types: Any) -> bool:
 
 def opaque(x: torch.Tensor) -> bool:
     """Whether dtr leaves ``x`` alone: a layout other than strided, a nested tensor (Note [Other layouts] in
-    mode.py), or a wrapper subclass; the table never holds such a tensor's memory."""
+    reference.py), or a wrapper subclass; the table never holds such a tensor's memory."""
     return x.layout != torch.strided or x.is_nested or wrapper(x)
 
 
@@ -59,7 +59,7 @@ class Buf:
     reference. A constant nothing was computed from is held weakly, as an
     activation is (Note [Constants held weakly]). A buffer dtr allocates to
     bring back a version whose program storage is gone (``dropped`` set) is
-    dead from the start: see Note [Dropped buffers] in mode.py.
+    dead from the start: see Note [Dropped buffers] in driver.py.
     """
 
     __slots__ = ("weak", "strong", "shared", "dropped")
@@ -107,7 +107,7 @@ class Buf:
 # autograd sums a gradient in place only while the sum holds its storage's one
 # reference (torch's InputBuffer reads the storage's use count). Through the
 # dispatch key, once a gradient's version chain was pinned (Note [Version
-# chains] in mode.py), every later sum into it was made out of place: a new
+# chains] in reference.py), every later sum into it was made out of place: a new
 # buffer, a slower kernel, one more storage to track and one more dead
 # constant to settle, 109 of the 277 gradient sums of a TreeLSTM step. Yet
 # nothing needs the value of a storage nothing was computed from. So a storage
@@ -133,13 +133,13 @@ class Buf:
 #             inverse of ``version`` where both are set: an address a dead
 #             storage left behind may name a new storage already);
 #   phys      core storage -> its Buf;
-#   handle    core tensor -> its handle (Note [Handles] in mode.py), shared by
+#   handle    core tensor -> its handle (Note [Handles] in driver.py), shared by
 #             all versions of one program storage;
 #   alive     handle -> core tensor, for each storage the program may still
 #             hold, in creation order (Note [Liveness] in liveness.py);
 #   versions  core tensor -> how many in-place versions lead to it (Note
-#             [Version chains] in mode.py).
-# They were once parallel attributes of the mode, each kept in step by hand
+#             [Version chains] in reference.py).
+# They were once parallel attributes of the dispatch mode, each kept in step by hand
 # wherever a tensor came or went and renumbered one by one at compaction; a
 # missed one left a stale id behind. Each change now has one method here, and
 # ``_check`` states what must hold between them after every op.
@@ -147,7 +147,7 @@ class StorageTable:
     """What each core tensor and storage stands for in torch; see Note [The storage table].
 
     The native per-op path reads these slots at fixed offsets (Note [The
-    mode's slots] in mode.py): the maps are replaced only by ``renumber``,
+    driver's slots] in driver.py): the maps are replaced only by ``renumber``,
     which the native path never caches across.
     """
 
@@ -163,7 +163,7 @@ class StorageTable:
         self._next_handle = 0
 
     def new_handle(self) -> int:
-        """A new program tensor's handle: ints from 1, each made once (Note [Handles] in mode.py)."""
+        """A new program tensor's handle: ints from 1, each made once (Note [Handles] in driver.py)."""
         self._next_handle += 1
         return self._next_handle
 

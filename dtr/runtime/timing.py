@@ -275,7 +275,7 @@ class ProvisionalCosts:
     # (1815 ops, 0.26 s plain; benchmarks/bench_tracking_cuda.py), budget(None)
     # took 1.64x plain with every op timed and 1.33x with flop estimates, while a
     # do-nothing dispatch mode took 1.00x. Sampling alone made it 1.34x; with the
-    # tracking-only polls of Note [Liveness] (dtr/runtime/mode.py), 1.30x.
+    # tracking-only polls of Note [Liveness] (dtr/runtime/liveness.py), 1.30x.
     # A training step repeats its ops with the same shapes (layer after layer, step
     # after step), so the event timer samples: the first MEASURE_FIRST times an op
     # key (op and argument shapes) runs in a block it is timed, then one run in

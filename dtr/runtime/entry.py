@@ -1,0 +1,149 @@
+"""How a block's ops reach its driver: a dispatch mode, or the native dispatch key; chosen when the block begins.
+
+Three entries, one object each, made by :func:`enter` for a :class:`~dtr.runtime.driver.Driver`:
+
+* :class:`ReferenceMode`: a TorchDispatchMode whose ``__torch_dispatch__`` is the Python reference
+  (:meth:`ReferencePath._dispatch <dtr.runtime.reference.ReferencePath._dispatch>`);
+* :class:`NativeMode`: a TorchDispatchMode whose ``__torch_dispatch__`` is the native path's FastPath
+  over the driver (csrc/native/), which hands the reference what it does not take;
+* :class:`KeyEntry`: no Python mode at all: a C++ fallback on a dispatch key below autograd calls the
+  FastPath (Note [The dispatch-key entry] in csrc/native/), the native steps or, for a block on the
+  reference (``native=False``), the reference for every op.
+
+This module is where the runtime's classes and the native module meet: :func:`native_runtime` hands the
+native module the classes, helpers and limits it mirrors (native.py only loads it and chooses), once.
+"""
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes, _get_current_dispatch_mode_stack
+
+from dtr import core
+from dtr.errors import OutOfBudgetError, ThrashingError
+from dtr.runtime import effects, failures, limits, native, recompute, reference, storage_table, timing
+from dtr.runtime.driver import Driver
+from dtr.runtime.liveness import Liveness
+
+__all__ = ["KeyEntry", "ModeEntry", "NativeMode", "ReferenceMode", "enter", "native_runtime"]
+
+_configured: dict = {}  # "module": the native module, once configured
+
+
+def native_runtime() -> Any:
+    """``dtr._native``, configured with what it mirrors (the driver's classes, helpers and limits), or None.
+
+    Raises:
+        RuntimeError: the native path is unavailable (native.use_native said so first, with a warning).
+    """
+    m = native.native_module()
+    if m is None:
+        raise RuntimeError(f"dtr: the native per-op path is unavailable: {native.why_unavailable()}")
+    if _configured.get("module") is not m:
+        m.configure({
+            "Mode": Driver, "Table": storage_table.StorageTable, "Buf": storage_table.Buf,
+            "Liveness": Liveness, "Recomputer": recompute.Recomputer, "Slot": recompute.Slot,
+            "Recipe": recompute.Recipe, "WallTimer": timing.WallTimer,
+            "TRANSLATED": core._TRANSLATED, "name_failure": failures.name_failure,
+            "rng_capture": recompute.rng_capture, "size_warning": reference.size_warning,
+            "op_info": effects.native_op_info, "effects": effects, "RECENT_OPS": limits.RECENT_OPS,
+            "GC_MIN_OPS": limits.GC_MIN_OPS, "MAX_PREDICTIONS": limits.MAX_PREDICTIONS,
+            "MAX_VERSIONS": limits.MAX_VERSIONS,
+        })
+        _configured["module"] = m
+    return m
+
+
+class ModeEntry(TorchDispatchMode):
+    """A TorchDispatchMode entry: the block's ops come to it while it is on the thread's mode stack."""
+
+    kind = "mode"
+
+    def __init__(self, driver: Driver):
+        super().__init__()
+        self.driver = driver
+
+    def enter(self) -> bool:
+        self.__enter__()
+        return True
+
+    def exit(self, exc_type: Any = None, exc: Any = None, tb: Any = None) -> None:
+        self.__exit__(exc_type, exc, tb)
+
+    def receives_ops(self) -> bool:
+        return self in _get_current_dispatch_mode_stack()
+
+    def off(self) -> Any:
+        return _disable_current_modes()
+
+
+class ReferenceMode(ModeEntry):
+    """The reference per-op path as a dispatch mode."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        try:
+            return self.driver._dispatch(func, types, args, kwargs)
+        except (OutOfBudgetError, ThrashingError) as e:  # the core names ids; the user reads op names
+            failures.name_failure(self.driver, e, func)
+            raise
+
+
+class NativeMode(ModeEntry):
+    """The native per-op path as a dispatch mode: its ``__torch_dispatch__`` is the FastPath itself (an instance
+    attribute set when it is made: no Python frame per op)."""
+
+    def __init__(self, driver: Driver, fast: Any):
+        super().__init__(driver)
+        # (torch calls mode.__torch_dispatch__(func, types, args, kwargs): an instance attribute, set once here,
+        # whose __self__ must be this mode, as a bound method's is)
+        fast.__self__ = self
+        self.__torch_dispatch__ = fast  # type: ignore[method-assign]
+
+
+class KeyEntry:
+    """The native dispatch key: the FastPath is called from C++ for every op below autograd."""
+
+    kind = "key"
+
+    def __init__(self, fast: Any, reference_only: bool):
+        self.fast, self.reference_only = fast, reference_only
+
+    def enter(self) -> bool:
+        """Take the key; False (nothing taken) while another block holds it or where dtr cannot have it."""
+        return native.key_enter(self.fast, self.reference_only)
+
+    def exit(self, exc_type: Any = None, exc: Any = None, tb: Any = None) -> None:
+        native.key_exit()
+
+    def receives_ops(self) -> bool:
+        return native.key_active()
+
+    def off(self) -> Any:
+        return native.key_off()
+
+
+def enter(driver: Driver, use_native: bool, entry: str) -> Any:
+    """Start feeding the thread's ops to ``driver``: make its entry, enter it, and return it.
+
+    Args:
+        driver: the block's driver.
+        use_native: whether the block runs the native per-op path.
+        entry: ``"mode"`` or ``"key"`` (native.use_entry chose it). The key needs the native module even for a
+            block on the reference; where it cannot be taken (another block holds it, or another extension
+            registered it: a warning says so, once), the block is a mode.
+    """
+    fast: Optional[Any] = None
+    if use_native or entry == "key":
+        fast = native_runtime().FastPath(driver, Driver._dispatch)  # (it takes over the core's hooks)
+        driver.attach_native(fast)
+    made: Any = None
+    if entry == "key":
+        assert fast is not None
+        key = KeyEntry(fast, reference_only=not use_native)
+        if key.enter():
+            made = key
+    if made is None:
+        made = NativeMode(driver, fast) if use_native and fast is not None else ReferenceMode(driver)
+        made.enter()
+    driver.entry = made
+    return made

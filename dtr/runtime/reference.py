@@ -1,0 +1,528 @@
+"""The reference per-op path: each op's bookkeeping in Python, step by step (the native path's twin).
+
+:class:`ReferencePath` is a part of :class:`dtr.runtime.driver.Driver` (a mixin: the driver's state, its
+hooks and the end of a block are in driver.py). An op reaches :meth:`ReferencePath._dispatch` through the
+block's entry (dtr/runtime/entry.py), or from the native path (csrc/native/) for what that does not take.
+The rules are in the Note [...] blocks next to the code they explain.
+"""
+from __future__ import annotations
+
+import logging
+from itertools import chain
+from typing import TYPE_CHECKING, Any, Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple
+
+import torch
+
+from dtr.core import Core, Hold
+from dtr.runtime import limits
+from dtr.runtime.costs import CostModel
+from dtr.runtime.effects import REBINDS, SEEDED, written_args
+from dtr.runtime.layouts import opaque_keys, view_positions
+from dtr.runtime.liveness import Liveness
+from dtr.runtime.prediction import Prediction, PredictionCache
+from dtr.runtime.pytree import count_leaves, tree_flatten
+from dtr.runtime.recompute import Recipe, Recomputer, RngStates, Slot, rng_capture, slot_of
+from dtr.runtime.recorder import LogRecorder
+from dtr.runtime.storage_table import Buf, StorageTable, opaque, subclass_types, wrapper
+from dtr.runtime.timing import ProvisionalCosts, Timer
+
+__all__ = ["ReferencePath", "size_warning"]
+
+log = logging.getLogger("dtr.runtime")
+# Tensor.untyped_storage unwrapped: a block wraps the public method (Note [Escaped memory] in escapes.py).
+_storage = torch._C.TensorBase.untyped_storage
+
+
+# Note [Version chains]
+# Each in-place write makes a new version computed from the old one, so a
+# buffer written every step (optimizer state, accumulated gradients) would keep
+# a recomputation chain, and its recipes, as long as the run. After
+# limits.MAX_VERSIONS consecutive in-place versions the storage is pinned: it becomes
+# a constant (it is long-lived anyway), and its history can be collected.
+# Activations rarely see more than two or three in-place writes (ReLU(inplace),
+# a residual +=), so they stay evictable. Later writes to it are writes to a
+# constant (no new version); while nothing was computed from it, it is held
+# weakly (Note [Constants held weakly] in storage_table.py).
+
+
+def _layouts(leaves: List[Any]) -> Tuple[Any, ...]:
+    """Each leaf's part of an op's signature: (shape, stride, dtype) of a strided tensor, else a hashable value."""
+    return tuple([((tuple(x.shape), tuple(x.stride()), x.dtype) if not opaque(x)
+                   else (x.layout, x.dtype)) if isinstance(x, torch.Tensor)  # (Note [Other layouts])
+                  else _hashable(x) for x in leaves])
+
+
+class _Call(NamedTuple):
+    """An op as it reached the mode: what its recipe and log record are made of (see _commit)."""
+
+    func: Any
+    leaves: List[Any]  # the flattened (args, kwargs)
+    spec: Any          # their tree_flatten spec
+    tpos: List[int]    # the positions of the tracked tensors among the leaves
+    ins: List[int]     # their core tensors (current versions), in that order
+    rng: Optional[RngStates] = None  # the generator states a random op drew from (Note [Random ops])
+
+
+class ReferencePath:
+    """The reference per-op path of a :class:`~dtr.runtime.driver.Driver` (its state is the driver's)."""
+
+    # The driver's state and methods the steps use (dtr/runtime/driver.py defines them).
+    core: Core
+    cost_model: CostModel
+    recorder: Optional[LogRecorder]
+    table: StorageTable
+    liveness: Liveness
+    recomputer: Recomputer
+    predictions: PredictionCache
+    provisional: ProvisionalCosts
+    timer: Timer
+    device_type: Optional[str]
+    ops_seen: int
+    _ops_at_gc: int
+    _live_after_gc: int
+    _opaque_readers: Dict[Any, Tuple[Any, List[int]]]
+
+    if TYPE_CHECKING:
+        def _trackable(self, x: Any) -> bool: ...
+        def _track(self, x: torch.Tensor) -> int: ...
+        def poll(self, handles: Optional[Iterable[int]] = None) -> None: ...
+        def collect(self) -> None: ...
+
+    # Note [Tensor subclasses]
+    # A tensor subclass that dispatches in Python (a wrapper: TwoTensor, DTensor,
+    # float8 and quantized wrappers, jagged nested tensors) has a storage that is
+    # no memory of its own; resizing it raises ("invalid python storage"), so
+    # tracking it as a constant failed the block when it died. What it holds
+    # are plain tensors, and its __torch_dispatch__ runs ops on them. So the
+    # mode declines any op with such an argument (NotImplemented: torch then
+    # runs the subclass's handler, whose ops on the plain tensors come back
+    # here and are tracked, evicted and recomputed as any others), as the
+    # dispatch-key entry does by construction (the key sits below the Python
+    # key). An op that still meets a wrapper (one a subclass runs on itself with
+    # the Python key excluded, through the dispatch key) leaves it alone as a
+    # tensor of another layout (Note [Other layouts]; storage_table.opaque).
+    def _dispatch(self, func, types, args=(), kwargs=None):
+        """The reference per-op path (``__torch_dispatch__`` without naming budget errors)."""
+        if types and subclass_types(types):  # see Note [Tensor subclasses]
+            return NotImplemented
+        kwargs = kwargs or {}
+        leaves, spec = tree_flatten((args, kwargs))
+        device_type = self.device_type
+        if device_type is None:
+            tpos = [i for i, x in enumerate(leaves) if self._trackable(x)]
+        else:  # _trackable, inlined for the hot path (once the device is known)
+            tpos = [i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor) and x.layout == torch.strided
+                    and not x.is_nested and not x.is_meta and x.device.type == device_type
+                    and (type(x) is torch.Tensor or not wrapper(x))]
+        if self._opaque_readers:  # see Note [Other layouts]
+            self._before_opaque_writes(func, args, kwargs)
+        if not tpos:
+            return self._run_untracked_inputs(func, args, kwargs, leaves, spec)
+        if func in REBINDS:
+            return self._rebind(func, args, kwargs)
+        self.ops_seen += 1
+        core = self.core
+        if self.timer.pending:  # costs measured on the device since the last op
+            self.timer.poll()
+        ins = [self._track(leaves[i]) for i in tpos]
+
+        # Written tensors: their leaf positions, split into versions and constants.
+        plain_writes, const_writes = [], []
+        for pos in self._written_leaves(func, args, kwargs, leaves):
+            t = self.table.version[_storage(leaves[pos])._cdata]
+            (const_writes if core.pinned(core.storage_of(t)) else plain_writes).append((pos, t))
+
+        layouts = _layouts(leaves)
+        sig = (func, layouts)
+        pred = self.predictions.of_op(func, leaves, spec, sig)
+        if pred.sizes is None:  # no meta kernel: run it first, account for it after
+            return self._run_unpredicted(_Call(func, leaves, spec, tpos, ins), args, kwargs)
+        sizes = list(pred.sizes)
+        need = core.memory + sum(sizes)
+        if self.liveness.due(self.ops_seen, need) or (core.budget >= 0 and need > core.budget) \
+                or not all(map(core.defined, ins)):  # a recomputation must not read a storage just dropped
+            self.poll()
+        elif self.liveness.recent:
+            self.poll(chain.from_iterable(self.liveness.recent))
+        rng = rng_capture(func, leaves, leaves[tpos[0]].device) if SEEDED in func.tags else None
+
+        # The core brings the inputs back, locks them and makes room; then the op runs.
+        protected = 0
+        while protected < len(const_writes):
+            for _, t in const_writes[protected:]:
+                s = core.storage_of(t)
+                self.liveness.release_dropped_targets(s)  # see Note [Dropped buffers]
+                if not all(map(core.resident, core.protect_targets(s))):
+                    self.poll()  # protecting recomputes: it must not read a storage just dropped
+                core.protect(s)
+            protected = len(const_writes)
+            # See Note [Writes that protecting pins]: a version this op writes may be pinned by now.
+            newly = [w for w in plain_writes if core.pinned(core.storage_of(w[1]))]
+            if newly:
+                plain_writes = [w for w in plain_writes if w not in newly]
+                const_writes += newly
+        if plain_writes:
+            inplace_of = [-1] * len(sizes) + [ins.index(t) for _, t in plain_writes]
+            all_sizes = sizes + [core.storage_size(core.storage_of(t)) for _, t in plain_writes]
+        else:
+            inplace_of, all_sizes = [-1] * len(sizes), sizes
+        cost = 0.0  # a view computes nothing
+        if not self.cost_model.measured and (sizes or plain_writes or const_writes):
+            cost = self.cost_model.estimate(func, args, kwargs, pred.metas)
+        op = core.begin_call(ins, all_sizes, [-1] * len(all_sizes), inplace_of, cost)
+        try:
+            out, flat_out, cost, pending = self._execute(func, args, kwargs, cost, sig)
+        except BaseException:
+            core.abort_call(op)
+            raise
+        # An op that writes nothing leaves its inputs' layouts as they were: the recipe reuses the signature's.
+        self._commit(_Call(func, leaves, spec, tpos, ins, rng), op, flat_out, sizes, pred.owning, cost,
+                     plain_writes, const_writes, None if pending is None else (pending, sig),
+                     None if plain_writes or const_writes else layouts)
+        return out
+
+    def _native_predict(self, func, args, kwargs) -> Tuple[list, Any, Tuple[Any, ...], Prediction]:
+        """For the native path, on first sight of a signature: (leaves, spec, layouts, prediction)."""
+        leaves, spec = tree_flatten((args, kwargs))
+        layouts = _layouts(leaves)
+        return leaves, spec, layouts, self.predictions.of_op(func, leaves, spec, (func, layouts))
+
+    # Note [Rebinding a tensor's storage]
+    # aten::set_ makes its ``self`` view another storage (or a new empty one):
+    # it writes no bytes, although its schema marks ``self`` as written. Taken
+    # as a write, it made a new version of self's old storage whose buffer was
+    # the source's storage, so the source's bytes were later freed as that
+    # version's (a storage's clone, ``copy.deepcopy`` and ``torch.load`` run
+    # set_ on fresh tensors: they came back empty, even without a budget). It
+    # is a view instead: the source is brought back, as for any read, and the
+    # tensor then shares its storage, which dtr already tracks by storage (or
+    # meets as a constant if it came from outside the dispatcher). Nothing is
+    # recomputable about it, so it has no recipe and no log record.
+    def _rebind(self, func, args, kwargs):
+        """Run aten::set_ (see Note [Rebinding a tensor's storage]); the source comes back first."""
+        src = args[1] if len(args) > 1 else kwargs.get("source")
+        st = _storage(src) if isinstance(src, torch.Tensor) else src
+        t = self.table.version.get(st._cdata) if isinstance(st, torch.UntypedStorage) else None
+        if t is not None and not self.table.phys[self.core.storage_of(t)].dead():
+            if not self.core.defined(t):
+                self.poll()  # (a recomputation must not read a storage just dropped)
+            if self.table.version.get(st._cdata) == t:
+                self.core.require(t)
+        return func(*args, **kwargs)
+
+    # Note [Writes that protecting pins]
+    # An op that writes a constant and other tensors at once (a fused
+    # optimizer step: _fused_adamw_ writes the parameters, and its schema says
+    # it writes the gradients and the moments too) first protects the
+    # constant, which pins what the program holds that was computed from it:
+    # the gradients are. Left among the op's plain writes, such a pinned
+    # gradient got a new version as if it were an activation, whose
+    # recomputation reran the whole fused step on the updated parameters (on
+    # a 12-parameter MLP the second moments came back wrong). A write to a
+    # storage that protecting pinned is therefore a write to a constant too,
+    # protected in turn (which may pin more, until nothing changes).
+    def _execute(self, func, args, kwargs, cost: float, sig: Any):
+        """Run the op for real; returns (result, flattened result, cost, pending measurement or None).
+
+        The cost is the measured one, or the estimate given (flops), or, while
+        the device has not reported the time yet, a provisional one.
+        """
+        pending = None
+        if self.cost_model.measured:
+            timer = self.timer
+            if timer.samples and sig is not None:
+                known = self.provisional.sampled(sig)
+                if known is not None:  # Note [Sampled timing on CUDA]
+                    out = func(*args, **kwargs)
+                    return out, tree_flatten(out)[0], known, None
+            token = timer.start()
+            try:
+                out = func(*args, **kwargs)
+            except BaseException:
+                timer.cancel(token)
+                raise
+            m = timer.stop(token)
+            if isinstance(m, float):
+                cost = m
+            else:
+                pending = m
+                cost = self.provisional.guess(sig, func, m.host_ns)
+        else:
+            out = func(*args, **kwargs)
+        return out, tree_flatten(out)[0], cost, pending
+
+    def _commit(self, call: _Call, op: int, flat_out: List[Any], sizes: List[int], owning: Sequence[int],
+                cost: float, plain_writes: Sequence[Tuple[int, int]] = (),
+                const_writes: Sequence[Tuple[int, int]] = (), pending: Any = None, layouts: Any = None) -> None:
+        """Register the op's outputs and versions, record it, and finish core op ``op``.
+
+        Args:
+            call: the op and its tracked inputs.
+            flat_out: its flattened result; ``owning`` the positions of the
+                outputs that own a new storage, of ``sizes`` bytes.
+            cost: what the core is told it cost.
+            plain_writes, const_writes: (leaf position, core tensor) of each
+                storage it wrote in place: new versions, and constants.
+            pending: (measurement, sig) when the op's real cost comes later
+                (see Note [Measured costs]); deferred once the op has ended,
+                before any compaction could renumber it.
+            layouts: (shape, stride, dtype) of each tensor leaf as it is now,
+                or None to read them from the leaves.
+        """
+        func, leaves, spec, tpos, ins, rng = call
+        core = self.core
+        storage_of, table = core.storage_of, self.table
+        outs = core.op_outputs(op)
+        new_tensors = outs[:len(sizes)]
+        out_slots = []
+        for k, pos in enumerate(owning):
+            o, t = flat_out[pos], new_tensors[k]
+            st = _storage(o)
+            if st.nbytes() != sizes[k]:
+                size_warning(func, st.nbytes(), sizes[k])
+            table.add(t, storage_of(t), st, Buf(st, owned=False))
+            out_slots.append((pos, slot_of(t, o)))
+        writes, chains = [], []
+        for k, (pos, old) in enumerate(plain_writes):
+            new = outs[len(sizes) + k]
+            # The old version loses its buffer to the new one (see Note [Versions] in recompute.py).
+            chains.append((new, table.write(old, new, storage_of(old), storage_of(new), _storage(leaves[pos]))))
+            writes.append((pos, old, new))
+        writes += [(pos, t, -1) for pos, t in const_writes]
+        if out_slots or plain_writes:  # see Note [Constants held weakly] in storage_table.py
+            table.computed_from(ins, storage_of)
+        if self.recorder is not None:
+            handle = table.handle
+            self.recorder.call(func._schema.name.split("::")[-1], [handle[t] for t in ins],
+                               [handle[t] for t in new_tensors], sizes, cost,
+                               mutated=[handle[old] for _, old in plain_writes] + [handle[t] for _, t in const_writes])
+        core.end_call(op, cost)
+        if any(isinstance(x, torch.Tensor) and opaque(x) for x in leaves):
+            for x in leaves:  # see Note [Other layouts]
+                if isinstance(x, torch.Tensor) and opaque(x):
+                    for k, guard in opaque_keys(x):
+                        entry = self._opaque_readers.get(k)
+                        if entry is None or entry[0].expired():  # (a key of something dead: reused)
+                            readers: List[int] = []
+                            entry = self._opaque_readers[k] = (guard, readers)
+                        entry[1].extend(new_tensors)
+        if pending is not None:
+            self.timer.defer(pending[0], (op, pending[1], func))
+        handle = table.handle
+        self.liveness.saw([handle[t] for t in ins if t in handle] + [handle[t] for t in new_tensors])
+        if out_slots or writes:  # ops that produce nothing are never recomputed
+            rleaves = list(leaves)
+            if layouts is None:
+                for k, i in enumerate(tpos):  # (layouts as they are now: an op such as as_strided_ changes them)
+                    rleaves[i] = slot_of(ins[k], leaves[i])
+            else:
+                for k, i in enumerate(tpos):
+                    rleaves[i] = Slot(ins[k], leaves[i].storage_offset(), *layouts[i])
+            # (tuples: see Note [Recipes and the cyclic GC] in recompute.py)
+            self.recomputer.recipes[op] = Recipe(func, tuple(rleaves), spec, tuple(out_slots), tuple(writes), rng)
+        for new, n in chains:  # see Note [Version chains]
+            if n >= limits.MAX_VERSIONS:
+                if self.recorder is not None:
+                    self.recorder.pin(table.handle[new])
+                core.pin(new, Hold.VERSION_CHAIN)
+        if self.ops_seen - self._ops_at_gc > max(limits.GC_MIN_OPS, self._live_after_gc):
+            self.collect()
+
+    # Note [Other layouts]
+    # dtr evicts and recomputes strided storages only. A tensor of another
+    # layout (sparse COO/CSR/CSC/BSR/BSC, jagged, mkldnn) or a nested tensor
+    # (of any layout) has no strides (or sizes) and no single storage of
+    # plain elements: dtr leaves it alone (_opaque), as a value it neither tracks,
+    # counts nor evicts, held as it is by the recipes that read it (the
+    # recipes' outputs are tracked and evictable as usual). A recipe reads it
+    # when it is recomputed, so an in-place write to it (S.mul_(2), a sparse
+    # gradient accumulated) would change what the recipe recomputes: before
+    # any op writes such a tensor, the outputs of the ops that read it (kept
+    # in _opaque_readers) are treated as a constant about to be written: the
+    # program's references to them are pinned, and so is everything the
+    # program holds that was computed from them (Core.protect), brought back
+    # first while the old value is still there. A view of such a tensor's
+    # memory (S.values()) is never taken for a new storage (_view_positions).
+    # Ops with such arguments have no meta prediction (their sizes are
+    # accounted for after they ran). With a log, a protection is not recorded
+    # (a replay may then keep less than the runtime did).
+    def _before_opaque_writes(self, func, args, kwargs) -> None:
+        """Pin what was computed from the non-strided tensors ``func`` is about to write (Note [Other layouts])."""
+        names = None
+        for p in written_args(func, args, kwargs):
+            if p < len(args):
+                x = args[p]
+            else:
+                names = names or [a.name for a in func._schema.arguments]
+                x = kwargs.get(names[p])
+            for y in (x if isinstance(x, (list, tuple)) else (x,)):
+                if not isinstance(y, torch.Tensor):
+                    continue
+                for k in ([k for k, _ in opaque_keys(y)] if opaque(y) else [_storage(y)._cdata]):
+                    entry = self._opaque_readers.pop(k, None)
+                    if entry is None or entry[0].expired():  # (what it named is gone: y only reuses its key)
+                        continue
+                    self.poll()  # (pinning may recompute: it must not read a storage just dropped)
+                    core = self.core
+                    for t in entry[1]:
+                        s = core.storage_of(t)
+                        if core.collected(s):
+                            continue
+                        if core.refs(t) > 0:  # the program holds it: keep its value as it is now
+                            if self.recorder is not None:
+                                self.recorder.pin(self.table.handle[t])
+                            core.pin(t, Hold.PROTECTED)
+                        core.protect(s)  # and what the program holds that was computed from it
+
+    def _run_untracked_inputs(self, func, args, kwargs, leaves, spec):
+        """An op without tracked inputs: a factory (zeros, randn) is tracked by its outputs.
+
+        A factory on the budget's device makes room before it allocates (see
+        Note [Factories]); any other op is accounted for after it ran.
+        """
+        rng = None
+        if SEEDED in func.tags:  # (a factory: the generator of the device it allocates on)
+            device = kwargs.get("device")
+            rng = rng_capture(func, leaves, torch.device(device) if device is not None else torch.device("cpu"))
+        reserved = self._reserve_factory(func, args, kwargs, leaves)
+        if reserved is not None:
+            op, sizes, predicted, metas = reserved
+            try:
+                out = func(*args, **kwargs)
+            except BaseException:
+                self.core.abort_call(op)
+                raise
+            flat_out = tree_flatten(out)[0]
+            owning = [i for i, o in enumerate(flat_out) if self._trackable(o)]
+            if owning == predicted and [_storage(flat_out[i]).nbytes() for i in owning] == sizes:
+                self.ops_seen += 1
+                cost = 1.0 if self.cost_model.measured else self.cost_model.estimate(func, (), {}, metas)
+                self._commit(_Call(func, leaves, spec, [], [], rng), op, flat_out, sizes, owning, cost)
+                return out
+            self.core.abort_call(op)  # the meta run was wrong about it: account for what it made
+        else:
+            out = func(*args, **kwargs)
+            flat_out = tree_flatten(out)[0]
+            views = view_positions(func, out)  # (S.values() of a sparse S: its memory, not a new storage)
+            owning = [i for i, o in enumerate(flat_out) if self._trackable(o) and i not in views]
+        if not owning:
+            return out
+        return self._account_after(_Call(func, leaves, spec, [], [], rng), out, flat_out, owning)
+
+    # Note [Factories]
+    # A factory (torch.ones, arange, randn, empty, full, and _to_copy onto the
+    # device) has no tracked input, so the general path cannot make room for it
+    # first. When its ``device`` argument names the budget's device, it runs
+    # once on the meta device (cached by op and arguments, as for every op) and
+    # the core makes room for its outputs before it allocates; the recorded
+    # call is the same as when it was accounted for afterwards, so replays and
+    # decisions do not change. Ops without a device argument, or whose meta run
+    # fails or disagrees, are still accounted for after they ran.
+    def _reserve_factory(self, func, args, kwargs, leaves):
+        """(op, sizes, output positions, meta outputs) with room made for a factory's outputs, or None."""
+        if self.device_type is None or not _has_device_argument(func):
+            return None
+        device = kwargs.get("device")
+        if (torch.device(device).type if device is not None else "cpu") != self.device_type:
+            return None
+        sig = (func, "factory", tuple((tuple(x.shape), tuple(x.stride()), x.dtype, x.device)
+                                      if isinstance(x, torch.Tensor) else _hashable(x) for x in leaves))
+        pred = self.predictions.of_factory(func, args, kwargs, sig)
+        if pred.sizes is None or not pred.sizes:
+            return None
+        sizes = list(pred.sizes)
+        if self.core.budget >= 0 and self.core.memory + sum(sizes) > self.core.budget:
+            self.poll()  # what the program dropped is room too
+        op = self.core.begin_call([], sizes, [-1] * len(sizes), [], 0.0)
+        return op, sizes, pred.owning, pred.metas
+
+    def _run_unpredicted(self, call: _Call, args, kwargs):
+        """An op whose output sizes could not be predicted: run, then account (may overshoot by its outputs)."""
+        func, leaves, _, tpos, ins, _ = call
+        if not all(map(self.core.defined, ins)):  # a recomputation must not read a storage just dropped
+            self.poll()
+        op0 = self.core.begin_call(ins, [], [], [], 0.0)  # brings the inputs back
+        if self.recorder is not None:
+            self.recorder.call(func._schema.name.split("::")[-1], [self.table.handle[t] for t in ins], [], [], 0.0)
+        self.core.end_call(op0, 0.0)
+        if SEEDED in func.tags:
+            call = call._replace(rng=rng_capture(func, leaves, leaves[tpos[0]].device))
+        out = func(*args, **kwargs)
+        flat_out = tree_flatten(out)[0]
+        known = {_storage(leaves[i])._cdata for i in tpos}
+        views = view_positions(func, out)
+        owning = [i for i, o in enumerate(flat_out) if self._trackable(o)
+                  and _storage(o)._cdata not in known and i not in views]
+        return self._account_after(call, out, flat_out, owning)
+
+    def _account_after(self, call: _Call, out: Any, flat_out: List[Any], owning: List[int]) -> Any:
+        """Account for an op that already ran (its outputs at ``owning`` own new storages); its result."""
+        self.ops_seen += 1
+        sizes = [_storage(flat_out[i]).nbytes() for i in owning]
+        op = self.core.begin_call(call.ins, sizes, [-1] * len(sizes), [], 0.0)
+        outs = [o for o in flat_out if isinstance(o, torch.Tensor)]
+        cost = 1.0 if self.cost_model.measured else self.cost_model.estimate(call.func, (), {}, outs)
+        self._commit(call, op, flat_out, sizes, owning, cost)
+        return out
+
+    # Note [Written leaves]
+    # The leaves an op writes are those of the arguments its schema (or a
+    # hidden-write rule) marks as written, found by position, never by
+    # identity: in a.add_(a) or torch.mul(a, b, out=a) the written tensor
+    # object is also read through another argument, and matching by identity
+    # made two writes of one storage (two new versions of it, the second
+    # recorded from an already superseded one; the core then released a
+    # tensor twice). One storage is written at most once per op: a second
+    # written leaf on an already written storage (two written views of it) is
+    # the same write. The core counts the reads: an input read twice holds two
+    # locks, so a recomputation copies the old version instead of handing its
+    # bytes over (Note [Handing bytes over on recomputation] in the core).
+    def _written_leaves(self, func, args, kwargs, leaves) -> List[int]:
+        """Leaf positions of the tracked tensors ``func`` writes, one per written storage."""
+        positions = written_args(func, args, kwargs)
+        if not positions:
+            return []
+        names = [a.name for a in func._schema.arguments]
+        starts, n = {}, 0  # the first leaf of each argument (as tree_flatten orders them)
+        for i, v in enumerate(args):
+            starts[i] = n
+            n += count_leaves(v)
+        for k, v in kwargs.items():
+            starts[names.index(k)] = n
+            n += count_leaves(v)
+        out, storages = [], set()
+        for p in sorted(positions):
+            if p not in starts:  # a written argument left at its default (None)
+                continue
+            v = args[p] if p < len(args) else kwargs[names[p]]
+            for i in range(starts[p], starts[p] + count_leaves(v)):
+                x = leaves[i]
+                if self._trackable(x):
+                    cdata = _storage(x)._cdata
+                    if cdata not in storages:
+                        storages.add(cdata)
+                        out.append(i)
+        return out
+
+
+def size_warning(func: Any, got: int, predicted: int) -> None:
+    log.warning("dtr: %s allocated %d bytes where %d were predicted", func, got, predicted)
+
+
+_DEVICE_ARGUMENT: Dict[Any, bool] = {}
+
+
+def _has_device_argument(func: Any) -> bool:
+    """Whether the op's schema takes a ``device`` (factories and device copies), cached per overload."""
+    got = _DEVICE_ARGUMENT.get(func)
+    if got is None:
+        got = _DEVICE_ARGUMENT[func] = any(a.name == "device" for a in func._schema.arguments)
+    return got
+
+
+def _hashable(x: Any) -> Any:
+    try:
+        hash(x)
+        return x
+    except TypeError:
+        return repr(x)
