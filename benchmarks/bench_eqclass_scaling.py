@@ -14,25 +14,24 @@ For each length the script times, in one run, a Python process that only
 Usage: python benchmarks/bench_eqclass_scaling.py [--lines 10000,100000,300000,1000000]
        [--rounds 3] [--timeout 600] [--out BENCHMARKS.md] [--figure benchmarks/eqclass_scaling.png]
 
-With --out, the section ``## Replay scaling: ...`` of that file is replaced
+With --out, the section ``eqclass-scaling`` of that file is replaced
 (or appended if missing); the rest of the file is kept.
 """
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
-import os
 import pathlib
-import platform
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 
+from report import write_section  # (benchmarks/, this script's directory)
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-HEADING = "## Replay scaling: a chain keeping every other output (eqclass, lru; budget 50%)"
+TITLE = "Replay scaling: a chain keeping every other output (eqclass, lru; budget 50%)"
 HEURISTICS = ("eqclass", "lru")
 
 
@@ -89,10 +88,7 @@ def fmt(t, timeout: float) -> str:
 
 
 def section(rows: dict, rounds: int, timeout: float) -> list:
-    out = [HEADING, "",
-           f"Machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}; "
-           f"date {datetime.date.today().isoformat()}. Whole processes, median of {rounds} "
-           f"(`benchmarks/bench_eqclass_scaling.py`). Target: a replay takes at most 3x the `json.loads` pass.", "",
+    out = [f"Whole processes, median of {rounds}. Target: a replay takes at most 3x the `json.loads` pass.", "",
            "| lines | json.loads s | eqclass s | eqclass / loads | lru s | lru / loads | eqclass evictions | "
            "eqclass storage accesses / eviction |",
            "|---|---|---|---|---|---|---|---|"]
@@ -105,19 +101,6 @@ def section(rows: dict, rounds: int, timeout: float) -> list:
                    f"{'–' if eq is None else f'{eq / lo:.2f}x'} | {fmt(lr, timeout)} | "
                    f"{'–' if lr is None else f'{lr / lo:.2f}x'} | {ev if ev is not None else '–'} | {acc} |")
     return out + [""]
-
-
-def replace_section(path: pathlib.Path, lines: list) -> None:
-    text = path.read_text() if path.exists() else ""
-    old = text.splitlines()
-    try:
-        start = old.index(HEADING)
-    except ValueError:
-        new = old + ([""] if old and old[-1] else []) + lines
-    else:
-        end = next((k for k in range(start + 1, len(old)) if old[k].startswith("## ")), len(old))
-        new = old[:start] + lines + old[end:]
-    path.write_text("\n".join(new).rstrip("\n") + "\n")
 
 
 def figure(rows: dict, path: pathlib.Path) -> None:
@@ -161,8 +144,8 @@ def main(argv=None) -> int:
                                                   if k != "json"), file=sys.stderr)
     text = section(rows, args.rounds, args.timeout)
     print("\n".join(text))
-    if args.out:
-        replace_section(pathlib.Path(args.out), text)
+    if args.out:  # (Note [Marked sections] in benchmarks/report.py)
+        write_section(args.out, "eqclass-scaling", TITLE, "\n".join(text))
     if args.figure:
         figure(rows, pathlib.Path(args.figure))
     return 0

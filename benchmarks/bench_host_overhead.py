@@ -35,8 +35,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import datetime
-import platform
 import random
 import statistics
 import sys
@@ -44,6 +42,7 @@ import time
 
 import torch
 from dispatch_modes import Nop, OpNames  # (benchmarks/, this script's directory)
+from report import write_section
 
 import dtr
 from dtr.runtime import native as native_path
@@ -57,7 +56,9 @@ def main(argv=None) -> int:
     ap.add_argument("--width", type=int, default=32)
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", default=None, help="append a section to this markdown file")
+    ap.add_argument("--out", default=None, help="write the report as a section of this Markdown file")
+    ap.add_argument("--section", default="host-cost", help="the section's name in --out (one per install route)")
+    ap.add_argument("--label", default="the current install", help="what the section's title calls this run")
     a = ap.parse_args(argv)
     torch.set_num_threads(1)
     torch.manual_seed(a.seed)
@@ -145,12 +146,10 @@ def main(argv=None) -> int:
             lines.append(f"\n{budgeted}: reference / native step time, median of per-round ratios: {r:.2f}×")
     text = "\n".join(lines)
     print(text)
-    if a.out:
-        with open(a.out, "a") as f:
-            f.write(f"\n## Host cost per op ({datetime.date.today()}, {platform.machine()}, "
-                    f"{platform.processor() or 'cpu'}, torch {torch.__version__})\n\n"
-                    f"`python benchmarks/bench_host_overhead.py --rounds {a.rounds} --steps {a.steps} "
-                    f"--batch {a.batch}`\n\n{text}\n")
+    if a.out:  # (Note [Marked sections] in benchmarks/report.py)
+        st = native_path.status()
+        where = f"dtr._native {st.origin}" if st.active else "the Python reference only"
+        write_section(a.out, a.section, f"Host cost per op ({a.label}; torch {torch.__version__}, {where})", text)
     return 0
 
 

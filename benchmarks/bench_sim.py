@@ -8,15 +8,14 @@ run, alternating the variants, and medians are quoted.
 from __future__ import annotations
 
 import argparse
-import datetime
-import os
 import pathlib
-import platform
 import random
 import statistics
 import subprocess
 import sys
 import time
+
+from report import write_section  # (benchmarks/, this script's directory)
 
 from dtr.core import Core, ReplayStatus
 from dtr.sim import chain_log, parse_text, read_log, replay
@@ -145,17 +144,14 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--shared", default=str(ROOT.parent / "shared"))
     ap.add_argument("--rounds", type=int, default=7)
-    ap.add_argument("--out", default=None)
+    ap.add_argument("--out", default=None, help="write the report as this Markdown file's section 'sim'")
     args = ap.parse_args(argv)
     shared = pathlib.Path(args.shared)
-    head = ["# dtr-sim benchmark", "",
-            f"Machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}; "
-            f"date {datetime.date.today().isoformat()}.", ""]
     body = chain_section() + quality_section(shared) + speed_section(shared, args.rounds) + pool_section()
-    text = "\n".join(head + body)
+    text = "\n".join(line.replace("## ", "### ", 1) if line.startswith("## ") else line for line in body)
     print(text)
-    if args.out:
-        pathlib.Path(args.out).write_text(text + "\n")
+    if args.out:  # (Note [Marked sections] in benchmarks/report.py)
+        write_section(args.out, "sim", "The simulator (dtr-sim)", text)
     return 0
 
 

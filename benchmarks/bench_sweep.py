@@ -14,9 +14,10 @@ import collections
 import gzip
 import os
 import pathlib
-import platform
 import tempfile
 import time
+
+from report import write_section  # (benchmarks/, this script's directory)
 
 from dtr.heuristics import heuristic_names
 from dtr.sim.chain import chain_log
@@ -36,7 +37,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shared", type=pathlib.Path, default=ROOT.parent / "shared")
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--out", default=None, help="write the report as this Markdown file's section 'sweep'")
     args = ap.parse_args()
+    report = []
     with tempfile.TemporaryDirectory() as tmp:
         log = args.shared / "simrd-logs" / "transformer.log.gz"
         if not log.exists():
@@ -44,9 +47,10 @@ def main() -> int:
             log.write_text(chain_log(5_000))
         ratios = parse_ratios("0.1:1.0:0.05")
         heuristics = heuristic_names()
-        print(f"log: {log} ({count_lines(log)} lines); {len(heuristics)} heuristics x {len(ratios)} ratios = "
-              f"{len(heuristics) * len(ratios)} runs; thrash limit 3; {platform.machine()}, {os.cpu_count()} CPUs, "
-              f"load average {os.getloadavg()[0]:.2f} before the run (other processes share the CPUs)")
+        report.append(f"Log: {log.name} ({count_lines(log)} lines); {len(heuristics)} heuristics x {len(ratios)} "
+                      f"ratios = {len(heuristics) * len(ratios)} runs; thrash limit 3; load average "
+                      f"{os.getloadavg()[0]:.2f} before the run (other processes share the CPUs).")
+        print(report[-1])
         for jobs in dict.fromkeys((args.jobs, 1)):
             out = pathlib.Path(tmp) / f"sweep-{jobs}.csv"
             t = time.perf_counter()
@@ -54,8 +58,12 @@ def main() -> int:
             wall = time.perf_counter() - t
             statuses = collections.Counter(r.status for r in rows)
             verdict = "OK" if wall < TARGET_S else "OVER TARGET"
-            print(f"jobs={jobs}: {len(rows)} rows in {wall:.2f} s wall ({verdict}: target < {TARGET_S:.0f} s); "
-                  f"statuses {dict(statuses)}")
+            report.append(f"- jobs={jobs}: {len(rows)} rows in {wall:.2f} s wall ({verdict}: target < {TARGET_S:.0f} s); "
+                          f"statuses {dict(statuses)}")
+            print(report[-1])
+    if args.out:  # (Note [Marked sections] in benchmarks/report.py)
+        write_section(args.out, "sweep", "Sweeps (dtr-sim sweep, every heuristic)", "\n\n".join(report[:1]) +
+                      "\n\n" + "\n".join(report[1:]))
     return 0
 
 

@@ -15,6 +15,7 @@ from dtr.cli.common import (
     thrash_limit_type,
 )
 from dtr.errors import DtrError
+from dtr.sim.planners import planner_names
 
 __all__ = ["COMMANDS"]
 
@@ -61,7 +62,7 @@ def _compare_args(p: argparse.ArgumentParser) -> None:
     add_budget_option(g, help="one budget (as in replay)")
     g.add_argument("--budgets", metavar="START:STOP:STEP", help="ratios of the log's peak, STOP inclusive")
     p.add_argument("--planners", default="all", metavar="all|P1,P2",
-                   help="chen, rotor, checkmate, checkmate-lp, fastsa, hierarchical (default: all)")
+                   help=f"{', '.join(planner_names())} (default: all)")
     p.add_argument("--heuristics", default="dtr,eqclass,local,lru", metavar="H1,H2",
                    help="DTR heuristics to include (default: dtr,eqclass,local,lru; 'none' for none)")
     p.add_argument("--time-limit", type=positive_seconds, default=60.0, metavar="S",
@@ -80,7 +81,7 @@ def compare_command(args: argparse.Namespace) -> int:
     """Run the static planners and DTR heuristics on one log at one or more budgets."""
     from dtr.sim.compare import budget_range, compare, format_rows, plot_rows
     from dtr.sim.logs import read_log
-    from dtr.sim.planners import PlanOptions, get_planner, planner_names
+    from dtr.sim.planners import PlanOptions, get_planner
     from dtr.sim.replay import baseline, budget_from_ratio, resolve_budget
     names = planner_names() if args.planners == "all" else [x.strip() for x in args.planners.split(",") if x.strip()]
     for n in names:

@@ -42,7 +42,7 @@ __all__ = ["budget", "Budget", "active_budget", "check_device"]
 # Note [Compiled code in a block]
 # dtr sees an op only when it is dispatched, and a compiled kernel reads its
 # inputs by raw pointer: letting compiled code run unseen would read the
-# storages dtr evicted as freed memory (docs/runtime-design.md, "torch.compile").
+# storages dtr evicted as freed memory (docs/design.md, "torch.compile runs eagerly").
 # A block therefore runs torch.compile'd functions eagerly, through dtr. Dynamo
 # already skips frames under a dispatch mode that does not ignore compiled
 # code, but a function compiled with fullgraph=True then raised ("found no
@@ -458,7 +458,7 @@ def budget(limit: Union[None, int, str], *, heuristic: Union[str, Heuristic] = "
     restores the program's at its end), so dtr tracks them and results equal
     eager PyTorch's; the compilation's speed-up is lost there. dtr does not
     let compiled kernels run unseen: they read their inputs by raw pointer, so an input dtr had
-    evicted would be read as freed memory (docs/runtime-design.md).
+    evicted would be read as freed memory (docs/design.md).
 
     Args:
         limit: bytes, a string such as ``"6GiB"`` or ``"500MB"`` (KiB/MiB/GiB

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 __all__ = ["MAX_VERSIONS", "GC_MIN_OPS", "COMPACT_MIN_OPS", "RECENT_OPS", "POLL_EVERY", "MAX_PREDICTIONS"]
 
-#: In-place versions of a storage after which it is pinned (Note [Version chains] in runtime.py).
+#: In-place versions of a storage after which it is pinned (Note [Version chains] in reference.py).
 MAX_VERSIONS = 8
-#: Ops between two graph collections, at least (Note [Compaction] in runtime.py).
+#: Ops between two graph collections, at least (Note [Compaction] in driver.py).
 GC_MIN_OPS = 256
-#: Core ops below which a block never compacts its tables (Note [Compaction] in runtime.py).
+#: Core ops below which a block never compacts its tables (Note [Compaction] in driver.py).
 COMPACT_MIN_OPS = 4096
 #: Ops whose tensors each op's partial poll looks at (Note [Liveness] in liveness.py).
 RECENT_OPS = 4
