@@ -25,8 +25,9 @@ from setuptools import Extension, setup
 from setuptools.command.build_py import build_py
 
 # The C++ sources the runtime can build dtr._native from on first use (shipped as dtr/_csrc).
-NATIVE_SOURCES = ["native/fastpath.cpp"]
-NATIVE_HEADERS = ["core_api.h", "depth_pool.h"]
+NATIVE_SOURCES = ["native/fastpath.cpp", "native/table.cpp", "native/liveness.cpp",
+                  "native/prediction.cpp", "native/dispatch.cpp", "native/commit.cpp", "native/module.cpp"]
+NATIVE_HEADERS = ["core_api.h", "depth_pool.h", "native/py_object.h", "native/fastpath.h"]
 
 ext_modules = [
     Pybind11Extension(
@@ -92,7 +93,7 @@ def _native_extension():
         runtime_library_dirs=torch_info["lib"],
         define_macros=[("DTR_TORCH_VERSION", f'"{torch_info["version"]}"'),
                        ("_GLIBCXX_USE_CXX11_ABI", str(torch_info["abi"]))],
-        extra_compile_args=["-O2", "-std=c++20", "-fvisibility=hidden"],
+        extra_compile_args=["-O2", "-g0", "-std=c++20", "-fvisibility=hidden"],
         language="c++",
     ), where, torch_info
 

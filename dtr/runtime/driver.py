@@ -24,7 +24,7 @@ from dtr.runtime.prediction import PREDICTIONS
 from dtr.runtime.recompute import Recomputer
 from dtr.runtime.recorder import LogRecorder
 from dtr.runtime.reference import ReferencePath
-from dtr.runtime.storage_table import Buf, StorageTable, wrapper
+from dtr.runtime.storage_table import Buf, StorageTable, trackable
 from dtr.runtime.timing import ProvisionalCosts, Timer, WallTimer, make_timer
 
 __all__ = ["Driver"]
@@ -185,12 +185,12 @@ class Driver(ReferencePath):
 
     # ----------------------------------------------------------------- tracking
     def _trackable(self, x: Any) -> bool:
-        if not isinstance(x, torch.Tensor) or x.layout != torch.strided or x.is_nested or x.is_meta or wrapper(x):
+        """storage_table.trackable for this block; the first such tensor sets the block's device."""
+        if not trackable(x, self.device_type):
             return False
-        dev = x.device.type
         if self.device_type is None:
             self._set_device(x.device)
-        return dev == self.device_type
+        return True
 
     def _set_device(self, device: torch.device) -> None:
         self.device_type = device.type

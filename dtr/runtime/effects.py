@@ -29,7 +29,7 @@ def register_writes(*names: str):
             _HIDDEN_WRITES[n] = fn
         _rules_cache.clear()  # an overload looked up before must see the new rule
         global _generation
-        _generation += 1      # (and the native path's cache of which ops write: csrc/native/fastpath.cpp)
+        _generation += 1      # (and the native path's cache of which ops write: csrc/native/prediction.cpp)
         return fn
 
     return wrap

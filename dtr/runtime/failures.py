@@ -6,7 +6,7 @@ not be evicted (the core's Note [What filled the budget] in
 csrc/core_evict.cpp), with the core's ids of the op being begun and the op
 being recomputed. :func:`name_failure` names them once, where the error leaves
 an op: ReferencePath._dispatch for the reference, and the native per-op
-path (csrc/native/fastpath.cpp calls it for both of its entries). The error
+path (csrc/native/fastpath.cpp, mode_torch_dispatch, calls it for both of its entries). The error
 keeps its type and its data; only its message grows.
 """
 from __future__ import annotations

@@ -4,7 +4,7 @@ The runtime holds the program's storages weakly (Note [Liveness]); a poll
 finds those that died and tells the core, which frees what it no longer
 needs. A dropped constant is protected first, or kept while that is cheaper
 (Note [Keeping a dead constant]). The native per-op path polls the same way
-over the same state (csrc/native/fastpath.cpp's poll_recent and poll_full)
+over the same state (csrc/native/liveness.cpp's liveness_poll_recent and liveness_poll_full)
 and hands every poll that finds a dead constant to :meth:`Liveness.poll`.
 """
 from __future__ import annotations
@@ -160,7 +160,7 @@ class Liveness:
     # zero_grad(set_to_none=True)): a full poll for each cost the TreeLSTM about
     # 5% of a step. The native path settles such a poll itself when no dropped
     # target must be released first and nothing must be recomputed
-    # (csrc/native/fastpath.cpp, settle_constants): it cost 5.7 ms a TreeLSTM
+    # (csrc/native/liveness.cpp, settle_constants): it cost 5.7 ms a TreeLSTM
     # step in Python. (Pinned gradients were dropped at each later sum then,
     # summed out of place, until Note [Constants held weakly] in
     # storage_table.py.)

@@ -52,7 +52,7 @@ log = logging.getLogger("dtr.native")
 
 CACHE_ENV_VAR = "DTR_CACHE_DIR"     # where builds on first use go (default: $XDG_CACHE_HOME/dtr or ~/.cache/dtr)
 BUILD_ENV_VAR = "DTR_BUILD_NATIVE"  # 0: never build dtr._native (neither setup.py nor on first use)
-_FLAGS = ["-O2", "-std=c++20", "-fvisibility=hidden", "-fPIC", "-shared"]
+_FLAGS = ["-O2", "-g0", "-std=c++20", "-fvisibility=hidden", "-fPIC", "-shared"]
 _LIBS = ["c10", "torch", "torch_cpu", "torch_python"]
 
 

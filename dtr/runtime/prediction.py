@@ -1,7 +1,7 @@
 """Output sizes before an op allocates: one meta run per op signature, cached for the process.
 
 See Note [Sizes before allocation]. The native per-op path keeps its own
-index of these predictions by layout (csrc/native/fastpath.cpp), filled from
+index of these predictions by layout (csrc/native/prediction.cpp), filled from
 this cache on a signature's first sight.
 """
 from __future__ import annotations

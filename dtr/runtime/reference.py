@@ -23,7 +23,7 @@ from dtr.runtime.prediction import Prediction, PredictionCache
 from dtr.runtime.pytree import count_leaves, tree_flatten
 from dtr.runtime.recompute import Recipe, Recomputer, RngStates, Slot, rng_capture, slot_of
 from dtr.runtime.recorder import LogRecorder
-from dtr.runtime.storage_table import Buf, StorageTable, opaque, subclass_types, wrapper
+from dtr.runtime.storage_table import Buf, StorageTable, opaque, subclass_types, trackable
 from dtr.runtime.timing import ProvisionalCosts, Timer
 
 __all__ = ["ReferencePath", "size_warning"]
@@ -110,10 +110,8 @@ class ReferencePath:
         device_type = self.device_type
         if device_type is None:
             tpos = [i for i, x in enumerate(leaves) if self._trackable(x)]
-        else:  # _trackable, inlined for the hot path (once the device is known)
-            tpos = [i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor) and x.layout == torch.strided
-                    and not x.is_nested and not x.is_meta and x.device.type == device_type
-                    and (type(x) is torch.Tensor or not wrapper(x))]
+        else:  # (once the device is known, the rule itself: no device to set)
+            tpos = [i for i, x in enumerate(leaves) if trackable(x, device_type)]
         if self._opaque_readers:  # see Note [Other layouts]
             self._before_opaque_writes(func, args, kwargs)
         if not tpos:

@@ -5,7 +5,7 @@ the runtime keeps per core id about the program's torch objects lives in one
 :class:`StorageTable`: one owner for how those maps change together (a new
 tensor, an in-place version, a release, a collection, a renumbering) and for
 the invariants that tie them (``_check``). The native per-op path
-(csrc/native/fastpath.cpp) reads and writes the same maps through the table's
+(csrc/native/table.cpp) reads and writes the same maps through the table's
 slots, so both paths share one table.
 """
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any, Dict, Iterable, Optional, Sequence
 
 import torch
 
-__all__ = ["Buf", "StorageTable", "opaque", "subclass_types", "wrapper"]
+__all__ = ["Buf", "StorageTable", "opaque", "subclass_types", "trackable", "wrapper"]
 
 _use_count = torch._C._storage_Use_Count
 _expired = torch.UntypedStorage._expired  # StorageWeakRef.expired() without its two Python frames
@@ -47,6 +47,14 @@ def opaque(x: torch.Tensor) -> bool:
     """Whether dtr leaves ``x`` alone: a layout other than strided, a nested tensor (Note [Other layouts] in
     reference.py), or a wrapper subclass; the table never holds such a tensor's memory."""
     return x.layout != torch.strided or x.is_nested or wrapper(x)
+
+
+def trackable(x: Any, device_type: Optional[str]) -> bool:
+    """Whether a block on ``device_type`` tracks ``x``: a strided tensor (neither nested, nor meta, nor a wrapper
+    subclass) on that device; with ``device_type`` None, one that could set the block's device. The one rule
+    (the native path's twin: csrc/native/, ``driver_trackable``)."""
+    return (isinstance(x, torch.Tensor) and x.layout == torch.strided and not x.is_nested and not x.is_meta
+            and (device_type is None or x.device.type == device_type) and (type(x) in _PLAIN or not wrapper(x)))
 
 
 class Buf:
