@@ -195,6 +195,9 @@ Ref table_add(FastPath* f, long t, int s, c10::StorageImpl* impl, PyObject* buf)
 Ref table_write(FastPath* f, long old, long new_version, int old_storage, int new_storage, const at::Tensor& st);
 Ref table_drop(FastPath* f, PyObject* h);
 bool table_computed_from(FastPath* f, const std::vector<long>& ins);
+bool table_hold(PyObject* phys, PyObject* key, PyObject* weak);
+bool table_pinned(FastPath* f, PyObject* key, bool strongly);
+PyObject* table_new_handle(FastPath* f);
 
 // ------------------------------------------- table.cpp: Driver over the table
 long mode_track(FastPath* f, PyObject* x);
@@ -208,6 +211,7 @@ bool mode_on_pin(FastPath* f, PyObject* s);
 bool liveness_due(FastPath* f, long ops_seen, int64_t need);
 bool liveness_saw(FastPath* f, Ref handles);
 bool liveness_release(FastPath* f, PyObject* h);
+int liveness_worth_keeping(FastPath* f, int s, std::vector<int>& targets);
 bool liveness_poll_recent(FastPath* f, PyObject* recent, Scratch& scratch);
 bool liveness_poll_full(FastPath* f, Scratch& scratch);
 
@@ -235,5 +239,8 @@ PyObject* key_active(PyObject*, PyObject*);
 
 // ------------------------------------------------------------------ module.cpp
 extern PyTypeObject FastPathType;
+
+// ------------------------------------------------------------------- twins.cpp
+PyObject* twin(PyObject*, PyObject* const* args, Py_ssize_t n);
 
 }  // namespace dtr::native

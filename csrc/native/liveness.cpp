@@ -69,8 +69,6 @@ bool liveness_release(FastPath* f, PyObject* h) {
   return true;
 }
 
-namespace {
-
 // Twin of Liveness.worth_keeping (dtr/runtime/liveness.py): whether dead constant s costs less kept than
 // protecting what needs it (Note [Keeping a dead constant] in liveness.py): 0/1, with ``targets`` set to what
 // protect(s) would pin; -1 on error.
@@ -88,6 +86,8 @@ int liveness_worth_keeping(FastPath* f, int s, std::vector<int>& targets) {
   }
   return own < sum ? 1 : 0;
 }
+
+namespace {
 
 // Whether the handle's storage is dead (its buffer says so); -1 on error. Sets *constant if it is dead and a
 // constant (pinned).

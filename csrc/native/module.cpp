@@ -363,6 +363,8 @@ PyMethodDef module_methods[] = {
     {"key_exit", key_exit, METH_NOARGS, "key_exit(): give the dispatch key back."},
     {"key_exclude", key_exclude, METH_O, "key_exclude(flag) -> previous: skip the key in this thread."},
     {"key_active", key_active, METH_NOARGS, "key_active(): whether this thread's ops go to the key's entry now."},
+    {"_twin", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(twin)), METH_FASTCALL,
+     "_twin(name, fastpath, *args): one C++ twin of a Python function, alone (Note [Testing the twins])."},
     {nullptr, nullptr, 0, nullptr}};
 
 PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "dtr._native",

@@ -107,6 +107,8 @@ PyObject* new_empty_owned_buf(const c10::Device& device) {
   return b;
 }
 
+}  // namespace
+
 // ------------------------------------------------------------------- the table
 // Twin of StorageTable.new_handle (dtr/runtime/storage_table.py; driver.py's Note [Handles]).
 PyObject* table_new_handle(FastPath* f) {
@@ -153,8 +155,6 @@ bool table_pinned(FastPath* f, PyObject* key, bool strongly) {
   Py_SETREF(slot_at(c.get(), env.buf_shared), Py_True);
   return PyDict_SetItem(phys, key, c.get()) == 0;
 }
-
-}  // namespace
 
 // Twin of StorageTable.add (dtr/runtime/storage_table.py): the storage ``impl`` becomes core tensor t (core
 // storage s, buffer ``buf``). Its new handle, or null with a Python exception set.
