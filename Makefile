@@ -8,9 +8,9 @@ PIP     = $(PY) -m pip
 # The CPU build of torch, pinned: an unpinned torch pulls a multi-GB CUDA build.
 TORCH  ?= torch==2.13.0
 
-.PHONY: venv demo lint test check-install bench experiments clean
+.PHONY: venv demo lint test test-fast check-install bench experiments clean
 
-$(VENV)/.installed: pyproject.toml setup.py $(wildcard csrc/*.cpp csrc/*.h csrc/native/*.cpp)
+$(VENV)/.installed: pyproject.toml setup.py $(wildcard csrc/*.cpp csrc/*.h csrc/native/*.cpp csrc/native/*.h)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q "$(TORCH)"
@@ -37,14 +37,22 @@ lint: venv
 # through the CPU's default entry, the dispatch key (Note [The default entry] in dtr/runtime/native.py); then the
 # runtime's own tests run again on the Python reference path (DTR_NATIVE=0, a dispatch mode), and on the native
 # path entered as a dispatch mode (DTR_ENTRY=mode: the default where torch sees an accelerator).
-RUNTIME_TESTS = tests/test_runtime.py tests/test_runtime_fuzz.py tests/test_exactness.py tests/test_runtime_models.py \
-                tests/test_runtime_compat.py tests/test_training_loops.py tests/test_nesting.py \
-                tests/test_budget_errors.py tests/test_generation.py
-MODE_TESTS = $(RUNTIME_TESTS) tests/test_native.py
+RUNTIME_TESTS = tests/runtime
+MODE_TESTS = $(RUNTIME_TESTS) tests/native
+# Each pass ends with pytest's summary line (counts and the pass's wall time) and its 15 slowest tests.
+PYTEST = $(PY) -m pytest -q --durations=15
 test: lint
-	DTR_REQUIRE_NATIVE=1 $(PY) -m pytest -q
-	DTR_NATIVE=0 $(PY) -m pytest -q $(RUNTIME_TESTS)
-	DTR_ENTRY=mode $(PY) -m pytest -q $(MODE_TESTS)
+	@echo "== pass 1/3: the whole suite (native path, default entry)"
+	DTR_REQUIRE_NATIVE=1 $(PYTEST)
+	@echo "== pass 2/3: the runtime's tests on the Python reference path (DTR_NATIVE=0)"
+	DTR_NATIVE=0 $(PYTEST) $(RUNTIME_TESTS)
+	@echo "== pass 3/3: the runtime's and the native path's tests entered as a dispatch mode (DTR_ENTRY=mode)"
+	DTR_ENTRY=mode $(PYTEST) $(MODE_TESTS)
+
+# The first pass without the tests marked slow (each over about ten seconds; a few minutes in all), and no lint:
+# for a quick check while working. make test runs everything.
+test-fast: venv
+	DTR_REQUIRE_NATIVE=1 $(PYTEST) -m "not slow"
 
 # The install route a user takes, in a fresh virtual environment: the pinned torch, then `pip install .` with
 # pip's build isolation (setup.py finds that torch: Note [Finding the user's torch]); `python -m dtr info` exits
@@ -58,11 +66,13 @@ check-install:
 	$(CHECK_VENV)/bin/python -m pip install -q .
 	cd / && DTR_CACHE_DIR=$(abspath $(CHECK_VENV))/empty-cache $(abspath $(CHECK_VENV))/bin/python -m dtr info
 
+# BENCHMARKS.md, generated end to end: each benchmark rewrites its own marked section (benchmarks/report.py,
+# Note [Marked sections]) with its date, machine and command, and leaves any other section as it is.
 bench: venv
 	$(PY) benchmarks/bench_sim.py --out BENCHMARKS.md
 	$(PY) benchmarks/bench_eqclass_scaling.py --out BENCHMARKS.md --figure benchmarks/eqclass_scaling.png
-	$(PY) benchmarks/bench_sweep.py
-	$(PY) benchmarks/bench_host_overhead.py --out BENCHMARKS.md
+	$(PY) benchmarks/bench_sweep.py --out BENCHMARKS.md
+	$(PY) benchmarks/bench_host_overhead.py --out BENCHMARKS.md --label "make's install"
 
 experiments: venv
 	$(PY) experiments/make_experiments.py

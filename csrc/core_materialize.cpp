@@ -180,7 +180,7 @@ void Core::end_plan() {
 // add(x_t @ W_x, h_{t-1} @ W_h): in input order the x projection (cheap, from
 // constants) comes back first and stays locked while the recursion walks back
 // through h_{t-1}, h_{t-2}, ... -- one such buffer per level, seven of them
-// (896 KiB of a 1.24 MiB budget) in tests/test_runtime_models.py's LSTM at 35%,
+// (896 KiB of a 1.24 MiB budget) in tests/runtime/test_runtime_models.py's LSTM at 35%,
 // where the budget then ran out. As in Sethi-Ullman register allocation, the
 // input whose recomputation needs the most should come first. With
 // Config::deep_first (the runtime's semantics, recorded in its logs' meta

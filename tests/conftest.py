@@ -1,5 +1,18 @@
 """Shared fixtures: paths to the hand-made logs and to the published simrd logs; no runtime state shared
-between tests."""
+between tests. They apply to every folder below:
+
+  core/        the C++ core (dtr._C): differential against a reference, hand-made cases, compaction, stress
+  sim/         the simulator: logs, replays, sweeps, plots, schedules and export, log fuzzing, published logs
+  planners/    the static planners (Chen, Rotor, Checkmate, FastSA, hierarchical)
+  cli/         dtr-sim's command line
+  runtime/     dtr.budget against plain PyTorch; make test runs this folder on every path and entry
+  native/      the native per-op path against the Python reference path (make test: also as a dispatch mode)
+  runtime_units/  the runtime's parts on their own: liveness, storage table, prediction, timing
+  devices/     the runtime on a CUDA device and under DistributedDataParallel
+  zoo/         the model zoo, dtr-sim record and the committed logs
+  install/     the native path's build on the install routes
+  support/     helpers the test files share (a package, on the path through pyproject.toml); data/: hand-made logs
+"""
 from __future__ import annotations
 
 import os

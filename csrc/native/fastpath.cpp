@@ -15,7 +15,7 @@
 // flop model). It reads and writes the *same* state the reference keeps (the
 // storage table's maps and Buf records, the recipes), in the same order, and
 // calls the core through the same bound methods, so the two paths can be
-// interleaved op by op and make the same decisions; tests/test_native.py runs
+// interleaved op by op and make the same decisions; tests/native/test_native.py runs
 // the runtime's tests on both and compares recorded logs line by line.
 // Anything else (first sight of a signature, other writes, factories,
 // escapes, other layouts, CUDA event timing, full polls that find a dead

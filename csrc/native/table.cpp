@@ -26,7 +26,7 @@ bool weak_expired(PyObject* weak) { return c10::raw::weak_intrusive_ptr::use_cou
 }  // namespace
 
 // Twin of Buf.dead (dtr/runtime/storage_table.py). The reference's ``sys.getrefcount(strong) <= 2`` counts
-// the call's own reference: here, no reference but the buffer's (tests/test_native.py checks that the two agree).
+// the call's own reference: here, no reference but the buffer's (tests/native/test_native.py checks that the two agree).
 int buf_dead(PyObject* b) {
   PyObject* strong = slot_at(b, env.buf_strong);
   if (strong != nullptr && strong != Py_None) {

@@ -27,7 +27,7 @@ __all__ = ["Command", "command", "BUDGET_HELP", "add_budget_option", "add_heuris
 # modules import only the standard library and light parts of dtr (errors,
 # heuristics, units, dtr.sim.chain), and each command body imports what it
 # runs (dtr.sim.sweep, dtr.sim.plot, dtr.sim.planners, dtr.zoo.record, ...).
-# tests/test_cli.py, test_planners.py and test_sweep.py check this.
+# tests/cli/test_cli.py, tests/planners/test_planners.py and tests/sim/test_sweep.py check this.
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ __all__ = ["COMMANDS"]
 # ~~~~~~~~~~~~~~~~~~~~
 # The default manifest's name, for --manifest's help: dtr.zoo.record.MANIFEST_NAME,
 # copied because importing dtr.zoo imports torch (see Note [Light imports] in
-# dtr.cli.common). tests/test_zoo.py checks that the two agree.
+# dtr.cli.common). tests/zoo/test_zoo.py checks that the two agree.
 MANIFEST_NAME = "MANIFEST.json"
 
 

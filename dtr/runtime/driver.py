@@ -391,7 +391,7 @@ class Driver(ReferencePath):
     def _check(self) -> None:
         """Assert the runtime's invariants: the core's, the storage table's and the recipes'. O(tables).
 
-        Tests call it after every step of a program (tests/test_runtime_fuzz.py).
+        Tests call it after every step of a program (tests/runtime/test_runtime_fuzz.py).
 
         Raises:
             AssertionError: one does not hold (a bug in the runtime).

@@ -201,7 +201,7 @@ def _refuse_views_of_overwritten(g: Graph, log) -> None:
 # into the constant's node (pinned, computed once). An operator that mixes
 # fresh and view outputs, or a view of several storages, cannot be folded:
 # the planning graph is then refused (PlanGraphError) and the planners report
-# ``n/a``; the published logs have neither (tests/test_stress's random logs
+# ``n/a``; the published logs have neither (tests/core/test_stress.py's random logs
 # do). An operator without outputs (an in-place write of a constant such as
 # a step counter's ``add_``, or a view nobody keeps) allocates nothing and is
 # folded into the latest node it reads, reading the others' storages as that

@@ -92,7 +92,7 @@ class Evaluation:
 # shares no code with the core's bookkeeping (csrc/core_*.cpp): it keeps its
 # own residency, definedness and memory from the schedule's steps alone. So
 # an exported DTR run that evaluates to the simulator's own peak and compute
-# (tests/test_schedules.py) checks the core's accounting against a second
+# (tests/sim/test_schedules.py) checks the core's accounting against a second
 # model, and a planner's schedule is judged by rules no planner shares. The
 # rules are the core's memory semantics, written out again; a disagreement
 # is a bug in one of the two, which the export tests are there to find:

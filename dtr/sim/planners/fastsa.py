@@ -30,7 +30,7 @@ __all__ = ["plan_fastsa", "Grouping", "group_nodes", "Problem", "node_problem", 
 #   its own slot. Memory per slot is the sum over live values plus the running
 #   unit's intermediates (B.1); the peak M is kept in an add-max segment tree, so
 #   a mutation costs O(log T) per changed interval. This model equals
-#   sequence_profile on single nodes (tests/test_fastsa.py) and is conservative
+#   sequence_profile on single nodes (tests/planners/test_fastsa.py) and is conservative
 #   on groups (a group's inputs count through its whole slot).
 # - Representation (2.2): a fixed-length vector of T slots, each a unit or nop,
 #   the start sequence spread evenly with nops between (D.4: slot i*T/(k+1)).

@@ -1,0 +1,182 @@
+"""Nested dtr.budget blocks (Note [Nested blocks] in dtr/runtime/budget.py): the tighter budget binds inside,
+each block has its own stats, results stay exact, and what cannot nest raises dtr.NestingError."""
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+import dtr
+
+torch = pytest.importorskip("torch")
+
+
+def _scaled_tanh_chain(x: torch.Tensor, n: int) -> torch.Tensor:
+    for i in range(n):
+        x = torch.tanh(x * (1.0 + 0.01 * i))
+    return x
+
+
+def _model(seed: int = 0) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.Tanh())
+                                 for _ in range(12)])
+
+
+def _step_with_inner_block(model, x, inner=None):
+    """A training step; the middle layers run inside ``inner`` (a block a library opens), if given."""
+    layers = list(model)
+    h = x
+    for layer in layers[:4]:
+        h = layer(h)
+    with (inner if inner is not None else _null()):
+        for layer in layers[4:8]:
+            h = layer(h)
+    for layer in layers[8:]:
+        h = layer(h)
+    loss = h.square().mean()
+    loss.backward()
+    return loss.detach()
+
+
+class _null:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *a):
+        return False
+
+
+def test_the_tighter_inner_budget_binds_and_each_block_has_its_own_stats():
+    x = torch.randn(256, 256)
+    with dtr.budget(None, cost_model="flops") as outer:
+        _scaled_tanh_chain(x, 4)
+        before = outer.stats
+        with dtr.budget(3 * x.nbytes, cost_model="flops") as inner:
+            assert dtr.active_budget() is inner
+            # every step keeps its input alive through autograd? no: only the chain's values
+            y = _scaled_tanh_chain(x, 40)
+            assert inner.stats["peak_bytes"] <= 3 * x.nbytes
+        assert dtr.active_budget() is outer
+        z = _scaled_tanh_chain(x, 40)  # the outer block has no limit again: nothing is evicted
+        after_inner = outer.stats
+    got = inner.stats
+    assert got["budget_bytes"] == 3 * x.nbytes and got["peak_bytes"] <= 3 * x.nbytes
+    assert got["ops"] == 80 and got["evictions"] + got["eager_evictions"] > 0
+    # The outer block counts everything, the inner block's work included; its peak covers the inner's.
+    assert outer.stats["ops"] == 4 * 2 + 80 + 80 == after_inner["ops"]
+    assert outer.stats["peak_bytes"] >= got["peak_bytes"]
+    assert outer.stats["evictions"] == before["evictions"] + got["evictions"]
+    assert torch.equal(y, _scaled_tanh_chain(x, 40)) and torch.equal(z, y)
+
+
+def test_a_looser_inner_budget_leaves_the_outer_one_binding():
+    x = torch.randn(256, 256)
+    with dtr.budget(3 * x.nbytes, cost_model="flops") as outer:
+        with dtr.budget(100 * x.nbytes) as inner:
+            y = _scaled_tanh_chain(x, 30)
+    assert inner.stats["peak_bytes"] <= 3 * x.nbytes and outer.stats["peak_bytes"] <= 3 * x.nbytes
+    assert torch.equal(y, _scaled_tanh_chain(x, 30))
+
+
+@pytest.mark.parametrize("outer_limit", [None, 0.6])
+def test_a_training_step_with_a_library_s_inner_block_is_exact(outer_limit):
+    x = torch.randn(64, 256)
+    model = _model()
+    want_loss = _step_with_inner_block(model, x)
+    want_grads = [p.grad for p in model.parameters()]
+    model = _model()
+    with dtr.budget(None, cost_model="flops") as probe:
+        _step_with_inner_block(model, x)
+    peak = probe.stats["peak_bytes"]
+    model = _model()
+    weights = sum(p.nbytes for p in model.parameters())
+    # The library's block: room for what is resident when it begins, its layers' weights (first touched inside
+    # it) and two of their activations.
+    inner_weights = sum(p.nbytes for layer in list(model)[4:8] for p in layer.parameters())
+    inner = _Tighter(lambda memory: memory + inner_weights + 2 * x.nbytes)
+    const = 2 * weights + x.nbytes  # weights and gradients, the input: resident by the step's end
+    limit = None if outer_limit is None else int(const + outer_limit * (peak - const))
+    with dtr.budget(limit, cost_model="flops") as outer:
+        loss = _step_with_inner_block(model, x, inner)
+    assert torch.equal(loss, want_loss)
+    assert all(torch.equal(p.grad, w) for p, w in zip(model.parameters(), want_grads))
+    assert inner.block.stats["peak_bytes"] <= inner.block.budget_bytes
+    assert inner.block.stats["evictions"] > 0 and outer.stats["remats"] > 0
+    if limit is not None:
+        assert outer.stats["peak_bytes"] <= limit
+
+
+class _Tighter:
+    """A library's block whose budget is chosen when it begins, from the memory resident then."""
+
+    def __init__(self, limit_of):
+        self.limit_of, self.block = limit_of, None
+
+    def __enter__(self):
+        self.block = dtr.budget(self.limit_of(dtr.active_budget().stats["memory_bytes"]))
+        return self.block.__enter__()
+
+    def __exit__(self, *exc):
+        return self.block.__exit__(*exc)
+
+
+def test_an_inner_budget_error_caught_inside_the_outer_block_leaves_it_running():
+    x = torch.randn(256, 256)
+    with dtr.budget(None, cost_model="flops") as outer:
+        kept = [x * 2.0, x * 3.0]
+        with pytest.raises(dtr.OutOfBudgetError):
+            with dtr.budget(x.nbytes):  # less than what the program holds
+                kept.append(x * 4.0)
+        assert outer._core.budget < 0  # the outer block's own budget (none) again
+        y = _scaled_tanh_chain(x, 10)
+    assert torch.equal(y, _scaled_tanh_chain(x, 10)) and torch.equal(kept[1], x * 3.0)
+    assert outer.stats["peak_bytes"] >= 3 * x.nbytes
+
+
+def test_what_an_inner_block_cannot_change_raises_nesting_error():
+    x = torch.randn(8, 8)
+    with dtr.budget(None, heuristic="dtr"):
+        with dtr.budget(None, heuristic="dtr", cost_model="time"):  # the same: fine
+            x.sin()
+        with dtr.budget(None):  # defaults: inherits the outer block's
+            x.sin()
+        for bad in (dict(heuristic="lru"), dict(cost_model="flops"), dict(log="/tmp/never-written.jsonl"),
+                    dict(native=not dtr.active_budget().native)):
+            with pytest.raises(dtr.NestingError, match=next(iter(bad))):
+                with dtr.budget(None, **bad):
+                    pass
+        assert dtr.active_budget().heuristic.name == "dtr"
+        y = x.cos()
+    assert torch.equal(y, x.cos())
+    assert dtr.active_budget() is None
+
+
+def test_blocks_must_end_in_order():
+    outer, inner = dtr.budget(None), dtr.budget(None)
+    outer.__enter__()
+    inner.__enter__()
+    with pytest.raises(dtr.NestingError, match="reverse order"):
+        outer.__exit__(None, None, None)
+    inner.__exit__(None, None, None)
+    outer.__exit__(None, None, None)
+    assert dtr.active_budget() is None
+
+
+def test_blocks_in_other_threads_are_not_nested():
+    x = torch.randn(64, 64)
+    seen = {}
+
+    def worker():
+        with dtr.budget(None, cost_model="flops") as b:
+            seen["active"] = dtr.active_budget() is b
+            seen["y"] = _scaled_tanh_chain(x, 5)
+        seen["stats"] = b.stats
+
+    with dtr.budget(None, cost_model="flops") as main:
+        t = threading.Thread(target=worker)
+        t.start()
+        t.join()
+        _scaled_tanh_chain(x, 3)
+    assert seen["active"] and seen["stats"]["ops"] == 10 and main.stats["ops"] == 6
+    assert torch.equal(seen["y"], _scaled_tanh_chain(x, 5))
