@@ -15,7 +15,8 @@ from dtr.units import format_bytes
 __all__ = ["HOLD_REASONS", "HeldStorage", "BudgetReport"]
 
 #: Why a resident storage could not be evicted, by the name of the core's ``Hold`` value (lower case): what the
-#: storage is, in a user's terms. tests/runtime/test_budget_errors.py checks there is one for each of the core's reasons.
+#: storage is, in a user's terms. tests/runtime/test_budget_errors.py checks there is one for each of the core's
+#: reasons.
 HOLD_REASONS: Dict[str, str] = {
     "constant": "constants: weights, inputs and tensors from before the block (never evicted)",
     "protected": "pinned to keep a value that a write to a constant (an optimizer step, a dropped input) "
