@@ -36,7 +36,7 @@ ext_modules = [
         [
             # The core (core.h), one file per subsystem.
             "csrc/core_graph.cpp", "csrc/core_materialize.cpp", "csrc/core_evict.cpp", "csrc/core_eqclass.cpp",
-            "csrc/core_compact.cpp", "csrc/core_check.cpp",
+            "csrc/core_compact.cpp", "csrc/core_check.cpp", "csrc/core_follow.cpp",
             # Logs (program.h) and their replay (replay.h), and the Python module.
             "csrc/logparse.cpp", "csrc/replay.cpp", "csrc/bindings.cpp",
             # The FastSA planner's annealing loop (dtr/sim/planners/fastsa.py).

@@ -39,6 +39,8 @@ py::dict counters_dict(const Counters& c) {
   d["heuristic_evals"] = c.heuristic_evals;
   d["largest_op_bytes"] = c.largest_op_bytes;
   d["constant_bytes"] = c.constant_bytes;
+  d["planned_evictions"] = c.planned_evictions;
+  d["planned_remats"] = c.planned_remats;
   return d;
 }
 
@@ -355,6 +357,13 @@ PYBIND11_MODULE(_C, m) {
       .def("lock", &Core::lock, py::arg("s"))
       .def("unlock", &Core::unlock, py::arg("s"))
       .def("counters", [](const Core& c) { return counters_dict(c.counters()); })
+      .def("set_plan", &Core::set_plan, py::arg("plan"))
+      .def("record_fingerprints", &Core::record_fingerprints, py::arg("on"))
+      .def("fingerprints", &Core::fingerprints)
+      .def_property_readonly("following", &Core::following)
+      .def_property_readonly("plan_followed", &Core::plan_followed)
+      .def_property_readonly("plan_diverged_at", &Core::plan_diverged_at)
+      .def_property_readonly("plan_length", &Core::plan_length)
       .def_property_readonly("clock", &Core::clock)
       .def_property_readonly("memory", [](const Core& c) { return c.counters().memory; })
       .def_property_readonly("peak_memory", [](const Core& c) { return c.counters().peak_memory; })
@@ -401,6 +410,24 @@ PYBIND11_MODULE(_C, m) {
       .def("is_alias", &Core::is_alias, py::arg("t"))
       .def("storage_root", &Core::storage_root, py::arg("s"));
 
+  py::class_<FollowPlan>(m, "FollowPlan")
+      .def(py::init([](std::vector<uint64_t> fingerprints, std::vector<int> starts,
+                       const std::vector<std::tuple<int, int, int>>& steps) {
+             FollowPlan p{std::move(fingerprints), std::move(starts), {}};
+             p.steps.reserve(steps.size());
+             for (const auto& [kind, op, index] : steps) p.steps.push_back(PlanStep{kind, op, index});
+             return p;
+           }),
+           py::arg("fingerprints"), py::arg("starts"), py::arg("steps"))
+      .def_readonly("fingerprints", &FollowPlan::fingerprints)
+      .def_readonly("starts", &FollowPlan::starts)
+      .def_property_readonly("steps", [](const FollowPlan& p) {
+        py::list out;
+        for (const PlanStep& st : p.steps) out.append(py::make_tuple(st.kind, st.op, st.index));
+        return out;
+      })
+      .def("__len__", [](const FollowPlan& p) { return p.fingerprints.size(); });
+
   py::class_<Program>(m, "Program")
       .def_readonly("format", &Program::format)
       .def_readonly("cost_unit", &Program::cost_unit)
@@ -433,11 +460,12 @@ PYBIND11_MODULE(_C, m) {
 
   m.def(
       "replay",
-      [](const Program& prog, const Config& cfg, bool check, bool trace) {
+      [](const Program& prog, const Config& cfg, bool check, bool trace, const FollowPlan* plan,
+         bool fingerprints) {
         ReplayResult r;
         {
           py::gil_scoped_release nogil;
-          r = replay(prog, cfg, check, trace);
+          r = replay(prog, cfg, check, trace, plan, fingerprints);
         }
         py::dict d = counters_dict(r.counters);
         d["status"] = status_name(r.status);
@@ -445,6 +473,11 @@ PYBIND11_MODULE(_C, m) {
         d["needed_bytes"] = r.needed_bytes;
         d["failed_line"] = r.failed_line;
         d["instructions"] = r.instructions;
+        if (fingerprints) d["fingerprints"] = r.fingerprints;
+        if (plan != nullptr) {
+          d["plan_followed"] = r.plan_followed;
+          d["plan_diverged_at"] = r.plan_diverged_at;
+        }
         if (trace) {
           d["trace"] = trace_list(r.trace);
           d["op_instr"] = r.op_instr;
@@ -454,7 +487,7 @@ PYBIND11_MODULE(_C, m) {
         return d;
       },
       py::arg("program"), py::arg("config"), py::arg("check") = false,
-      py::arg("trace") = false);
+      py::arg("trace") = false, py::arg("plan") = nullptr, py::arg("fingerprints") = false);
 
   m.def(
       "replay_graph",

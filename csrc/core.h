@@ -98,6 +98,21 @@ struct Counters {
   int64_t heuristic_evals = 0;
   int64_t largest_op_bytes = 0; // max over (re)computations of outputs + inputs' own bytes
   int64_t constant_bytes = 0;
+  int64_t planned_evictions = 0;  // evictions a followed plan made (Note [Following a plan] in core_follow.cpp)
+  int64_t planned_remats = 0;     // recomputations a followed plan made before they were needed
+};
+
+// A plan to follow (Note [Following a plan] in core_follow.cpp). Ops are named by their ordinal: the count of
+// ops created before them since the core began fingerprinting (set_plan or record_fingerprints).
+struct PlanStep {
+  int kind;   // 0: evict output `index` of op `op`'s storage; 1: recompute op `op`
+  int op;     // an ordinal
+  int index;  // an output position (kind 0)
+};
+struct FollowPlan {
+  std::vector<uint64_t> fingerprints;  // per ordinal of the recorded step: what its op looked like
+  std::vector<int> starts;             // per ordinal k: its steps are steps[starts[k], starts[k + 1])
+  std::vector<PlanStep> steps;
 };
 
 // Why a resident storage could not be evicted when room ran out (Note [What filled the budget] in
@@ -333,6 +348,15 @@ class Core {
   // Throws std::logic_error describing the first violated invariant.
   void check() const;
 
+  // Following a plan (Note [Following a plan] in core_follow.cpp).
+  void set_plan(FollowPlan plan);
+  void record_fingerprints(bool on);
+  const std::vector<uint64_t>& fingerprints() const { return fps_; }
+  bool following() const { return following_; }
+  int64_t plan_followed() const { return following_ ? ordinal_ : plan_diverged_; }
+  int64_t plan_diverged_at() const { return plan_diverged_; }
+  int64_t plan_length() const { return int64_t(plan_.fingerprints.size()); }
+
   // --- hooks for a driver that owns real memory --------------------------------
   // on_evict(storage, by_heuristic): after a storage is marked evicted (by the
   // heuristic, or because its last reference died / it was banished).
@@ -373,6 +397,7 @@ class Core {
     bool ended = false;          // end_call returned: its first computation is counted
     bool collected = false;
     bool planned = false;        // the materialization in progress will (re)compute it (Note [Planned recomputation])
+    int64_t ordinal = -1;        // its ordinal while fingerprinting (Note [Following a plan])
   };
   struct Storage {
     int64_t size = 0;
@@ -425,6 +450,15 @@ class Core {
   std::vector<int> planned_ops_;
   int plan_depth_ = 0;
   int current_op_ = -1;         // the op of the begin_call in progress (for an out-of-memory report)
+  // Following a plan (Note [Following a plan] in core_follow.cpp).
+  FollowPlan plan_;
+  bool fp_on_ = false;          // fingerprinting: ops get ordinals, plan_op_ maps them back
+  bool fp_keep_ = false;        // and fps_ keeps each op's fingerprint
+  bool following_ = false;      // the ops so far matched plan_ (until the first that does not)
+  int64_t ordinal_ = 0;         // the next op's ordinal
+  int64_t plan_diverged_ = -1;  // the ordinal of the first op that did not match (-1: none)
+  std::vector<int> plan_op_;    // ordinal -> op id (-1: dropped by compact())
+  std::vector<uint64_t> fps_;
   // The bound tree (Note [Choosing without scanning]): a min-tree over slots
   // in pool order, each leaf one pool member; a node holds the least bound
   // of c/m and the least last access below it.
@@ -440,6 +474,11 @@ class Core {
   std::vector<std::vector<int>> uf_front_;
   std::vector<int> bt_dirty_;
 
+  uint64_t fingerprint(const std::vector<int>& inputs, const std::vector<int64_t>& sizes,
+                       const std::vector<int>& alias_of, const std::vector<int>& inplace_of) const;
+  void plan_point(const std::vector<int>& inputs, const std::vector<int64_t>& sizes,
+                  const std::vector<int>& alias_of, const std::vector<int>& inplace_of);
+  void follow_steps(int64_t k);
   int new_op(const std::vector<int>& inputs, const std::vector<int64_t>& sizes, const std::vector<int>& alias_of,
              double cost);
   struct Frame;                 // one level of materialize()'s explicit stack

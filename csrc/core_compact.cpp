@@ -161,6 +161,7 @@ Core::Remap Core::compact() {
   renumber_ops_and_tensors(r);
   renumber_storages(r);
   for (int& s : pool_) s = r.storages[s];
+  for (int& o : plan_op_) o = o >= 0 ? r.ops[o] : -1;  // (an ordinal whose op was dropped names nothing)
   if (bt_on_) bt_clear();  // ids changed: the next choice builds the tree again
   num_collected_ = 0;
   for (Storage& st : storages_) {

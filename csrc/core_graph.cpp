@@ -100,7 +100,12 @@ std::vector<int> Core::call(const std::vector<int>& inputs, const std::vector<in
 
 int Core::begin_call(const std::vector<int>& inputs, const std::vector<int64_t>& sizes,
                      const std::vector<int>& alias_of, const std::vector<int>& inplace_of, double cost) {
+  if (fp_on_) plan_point(inputs, sizes, alias_of, inplace_of);  // Note [Following a plan] in core_follow.cpp
   const int op_id = new_op(inputs, sizes, alias_of, cost);
+  if (fp_on_) {
+    ops_[op_id].ordinal = ordinal_++;
+    plan_op_.push_back(op_id);
+  }
   Op& op = ops_[op_id];
   op.inplace_of.assign(sizes.size(), -1);
   for (size_t i = 0; i < inplace_of.size() && i < sizes.size(); ++i) {

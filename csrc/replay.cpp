@@ -98,13 +98,16 @@ struct Replayer {
 
 }  // namespace
 
-ReplayResult replay(const Program& prog, const Config& cfg_in, bool check, bool trace) {
+ReplayResult replay(const Program& prog, const Config& cfg_in, bool check, bool trace, const FollowPlan* plan,
+                    bool fingerprints) {
   ReplayResult res;
   res.base_total = prog.base_compute();
   Config cfg = cfg_in;  // the thrash limit counts against the whole log (Note [The thrash limit] in dtr/semantics.py)
   if (cfg.thrash_base < 0) cfg.thrash_base = res.base_total;
   if (cfg.thrash_base_ops < 0) cfg.thrash_base_ops = prog.base_ops();
   Replayer r(prog, cfg);
+  if (plan != nullptr) r.core.set_plan(*plan);
+  if (fingerprints) r.core.record_fingerprints(true);
   if (trace) {
     // A recomputed op's output on a banished (or collected) storage is freed
     // as soon as it is computed (Core::compute): reported right after the op.
@@ -148,6 +151,9 @@ ReplayResult replay(const Program& prog, const Config& cfg_in, bool check, bool 
     res.failed_line = line;
   }
   res.counters = r.core.counters();
+  res.fingerprints = r.core.fingerprints();
+  res.plan_followed = r.core.plan_followed();
+  res.plan_diverged_at = r.core.plan_diverged_at();
   if (trace) {
     for (int s = 0; s < r.core.num_storages(); ++s) {
       int root = r.core.storage_root(s);

@@ -55,6 +55,10 @@ struct ReplayResult {
   // storage_index[s] the op and output position that allocate s.
   std::vector<std::pair<TraceEvent, int>> trace;
   std::vector<int> op_instr, storage_op, storage_index;
+  // With fingerprints: each op's (Note [Following a plan] in core_follow.cpp). With a plan: the ops that
+  // matched it, and the ordinal of the first that did not (-1: none).
+  std::vector<uint64_t> fingerprints;
+  int64_t plan_followed = 0, plan_diverged_at = -1;
 };
 
 // Replays `prog` on a fresh Core. The run stops ("thrash") once recomputation
@@ -62,8 +66,10 @@ struct ReplayResult {
 // ops, unless cfg.thrash_base / thrash_base_ops say otherwise: Note [The thrash
 // limit] in dtr/semantics.py). Live handles at the end are outputs:
 // rematerialized if needed and pinned. With `check`, Core::check() runs after
-// every instruction (tests).
-ReplayResult replay(const Program& prog, const Config& cfg, bool check, bool trace = false);
+// every instruction (tests). With a plan, the core follows it (Note [Following a plan] in core_follow.cpp);
+// with `fingerprints`, the result has each op's.
+ReplayResult replay(const Program& prog, const Config& cfg, bool check, bool trace = false,
+                    const FollowPlan* plan = nullptr, bool fingerprints = false);
 
 // The core's tables after replaying a whole program without a budget: the
 // exact operator graph of dtr.sim.graph (see Note [The exact graph is the

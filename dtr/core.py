@@ -17,10 +17,13 @@ from dtr.errors import BudgetError, OutOfBudgetError, ThrashingError
 from dtr.heuristics import Heuristic, get_heuristic
 from dtr.semantics import SIMRD, Semantics, check_thrash_limit
 
-__all__ = ["Core", "Program", "make_config", "parse_program", "replay_program", "replay_graph", "RawLogError",
-           "InstrKind", "TraceEvent", "ReplayStatus", "Hold"]
+__all__ = ["Core", "Program", "FollowPlan", "make_config", "parse_program", "replay_program", "replay_graph",
+           "RawLogError", "InstrKind", "TraceEvent", "ReplayStatus", "Hold"]
 
 Program = _C.Program
+#: A plan the core can follow: ``FollowPlan(fingerprints, starts, steps)`` (Note [Following a plan] in
+#: csrc/core_follow.cpp; :mod:`dtr.sim.step_plan` makes them).
+FollowPlan = _C.FollowPlan
 RawLogError = _C.LogError
 
 #: An instruction's kind, the int ``kind`` of ``Program.records()`` (an ``IntEnum``;
@@ -410,6 +413,29 @@ class Core:
                                             "Storages in the tables that collect() collected (compact() drops them).")
     pool_size = _core_property("pool_size", "Storages the heuristic may evict now (resident, unlocked, not pinned).")
 
+    def set_plan(self, plan: "_C.FollowPlan") -> None:
+        """Follow ``plan`` from the first op on (Note [Following a plan] in csrc/core_follow.cpp).
+
+        Raises:
+            RuntimeError: an op was created already.
+        """
+        self._core.set_plan(plan)
+
+    def record_fingerprints(self, on: bool = True) -> None:
+        """Keep each op's fingerprint from the first op on (:meth:`fingerprints`)."""
+        self._core.record_fingerprints(on)
+
+    def fingerprints(self) -> List[int]:
+        """The fingerprints of the ops so far, while :meth:`record_fingerprints` is on."""
+        return self._core.fingerprints()
+
+    @property
+    def plan_state(self) -> Tuple[int, int, int]:
+        """``(followed, diverged_at, length)``: the ops that matched the plan, the ordinal of the first that did
+        not (-1: none so far), and the plan's length (0: no plan)."""
+        c = self._core
+        return c.plan_followed, c.plan_diverged_at, c.plan_length
+
     def set_hooks(self, on_evict: Optional[Callable[[int], None]] = None,
                   on_compute: Optional[Callable[[int, bool], None]] = None,
                   on_pin: Optional[Callable[[int], None]] = None) -> None:
@@ -436,7 +462,7 @@ def parse_program(data: bytes) -> "_C.Program":
 
 def replay_program(program: "_C.Program", heuristic: Heuristic | str = "eqclass", budget: Optional[int] = None,
                    *, thrash_limit: float = math.inf, check: bool = False, trace: bool = False,
-                   **options) -> dict:
+                   plan: Optional["_C.FollowPlan"] = None, fingerprints: bool = False, **options) -> dict:
     """Replay a parsed program on a fresh core and return its raw result dict.
 
     ``status`` is a :data:`ReplayStatus` value (a plain string). With ``trace``,
@@ -446,7 +472,10 @@ def replay_program(program: "_C.Program", heuristic: Heuristic | str = "eqclass"
     ``FREED`` storage freed otherwise: at its last release, collected, or a
     banished output of the op just recomputed, freed at once), ``op_instr``
     (core op -> instruction index), ``storage_op`` and ``storage_index`` (core
-    storage -> allocating op and output position).
+    storage -> allocating op and output position). With ``plan``, the core
+    follows it (Note [Following a plan] in csrc/core_follow.cpp) and the dict
+    has ``plan_followed`` and ``plan_diverged_at``; with ``fingerprints``, a
+    list of each op's fingerprint.
 
     Raises:
         ValueError: a thrash limit that is not a number >= 1 (or infinity),
@@ -455,7 +484,7 @@ def replay_program(program: "_C.Program", heuristic: Heuristic | str = "eqclass"
     # The core stops once recomputation passes what the limit allows over the log's compute and ops (Note [The
     # thrash limit] in dtr.semantics; the replay counts against the whole log); the replay then reports "thrash".
     config = make_config(heuristic, budget, thrash_limit=thrash_limit, **options)
-    return _C.replay(program, config, check, trace)
+    return _C.replay(program, config, check, trace, plan, fingerprints)
 
 
 def replay_graph(program: "_C.Program", semantics: Semantics = SIMRD) -> dict:

@@ -32,6 +32,15 @@ def _summary(d: dict) -> str:
         f"remats         {d['remats']}",
         f"storage access {d['storage_accesses']}",
     ]
+    if d.get("planner") is not None:
+        diverged = d["plan_diverged_at"]
+        lines.append(f"plan           {d['planner']}: {d['plan_ops']} ops followed"
+                     + (f", diverged at op {diverged}" if diverged is not None else ", to the end")
+                     + f"; {d['planned_evictions']} planned evictions"
+                     + (f"; predicted remat {d['predicted_remat']:g} {unit}" if d["predicted_remat"] is not None
+                        else ""))
+    if d.get("plan_note"):
+        lines.append(f"plan           none: {d['plan_note']}")
     if d["status"] == ReplayStatus.OOM and d.get("needed_bytes"):
         lines.append(f"needed         at least {format_bytes(d['needed_bytes'])} ({d['needed_bytes']} B) "
                      f"resident at once (log line {d.get('failed_line') or 'end'})")
@@ -53,6 +62,12 @@ def _replay_args(r: argparse.ArgumentParser) -> None:
     r.add_argument("log", help="path to the log")
     add_budget_option(r)
     r.add_argument("--banish", action="store_true", help="banish on last release instead of eager eviction")
+    r.add_argument("--plan", metavar="PLANNER|FILE", default=None,
+                   help="follow a plan (docs/planned-steps.md): a planner's name plans the log itself at the budget "
+                        "(auto: the best of lookahead and hierarchical), a file is a plan saved with --save-plan")
+    r.add_argument("--plan-time-limit", type=float, default=30.0, metavar="SECONDS",
+                   help="the planners' time limit with --plan PLANNER (default 30)")
+    r.add_argument("--save-plan", metavar="FILE", default=None, help="write the plan --plan made to FILE")
     add_heuristic_options(r)
 
 
@@ -60,10 +75,41 @@ def _replay_args(r: argparse.ArgumentParser) -> None:
 def replay_command(args: argparse.Namespace) -> int:
     """Replay one log under --budget with the chosen heuristic."""
     from dtr.sim.replay import replay
-    res = replay(args.log, heuristic_from_args(args), args.budget, thrash_limit=args.thrash_limit,
-                 banish=args.banish, seed=args.seed, sample=args.sample)
-    _emit(args, res.to_dict())
+    log, plan, note = args.log, None, None
+    if args.plan is not None:
+        log, plan, note = _plan_for(args)
+    res = replay(log, heuristic_from_args(args), args.budget, thrash_limit=args.thrash_limit,
+                 banish=args.banish, seed=args.seed, sample=args.sample, plan=plan)
+    d = res.to_dict()
+    if note is not None:
+        d["plan_note"] = note
+    _emit(args, d)
     return 0
+
+
+def _plan_for(args: argparse.Namespace):
+    """The log, the plan ``--plan`` names (None: no plan made) and, when none, why."""
+    import os
+
+    from dtr.sim.logs import read_log
+    from dtr.sim.planners import planner_names
+    from dtr.sim.replay import baseline, resolve_budget
+    from dtr.sim.step_plan import AUTO, load_step_plan, make_step_plan, save_step_plan
+    log = read_log(args.log)
+    if args.plan != AUTO and args.plan not in planner_names():
+        if not os.path.exists(args.plan):
+            raise DtrError(f"--plan {args.plan!r} is neither a planner ({AUTO}, {', '.join(planner_names())}) nor "
+                           f"a plan file")
+        return log, load_step_plan(args.plan), None
+    budget = resolve_budget(args.budget, baseline(log)["peak_memory"])
+    if budget is None:
+        raise DtrError("--plan needs a --budget: without one nothing is evicted, so there is nothing to plan")
+    plan = make_step_plan(log, budget, args.plan, time_limit=args.plan_time_limit)
+    if args.save_plan:
+        save_step_plan(plan, args.save_plan)
+    if not plan.ok:
+        return log, None, f"{plan.status}: {plan.message}"
+    return log, plan, None
 
 
 def _chain_args(c: argparse.ArgumentParser) -> None:

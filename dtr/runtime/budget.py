@@ -21,7 +21,9 @@ from dtr.runtime.escapes import patch_escapes
 from dtr.runtime.native import key_active as _key_active
 from dtr.runtime.native import use_entry, use_native
 from dtr.runtime.recorder import LogRecorder
+from dtr.runtime.step_plans import PlanPolicy, StepPlans, plan_policy
 from dtr.semantics import RUNTIME, check_thrash_limit
+from dtr.sim.step_plan import StepPlan
 from dtr.units import parse_bytes
 
 __all__ = ["budget", "Budget", "active_budget", "check_device"]
@@ -142,7 +144,7 @@ _ACTIVE = threading.local()  # .stack: this thread's active blocks, outermost fi
 # The options an inner block inherits, with their defaults (budget()'s).
 _INHERITED: Dict[str, Any] = {"heuristic": "eqclass", "log": None, "cost_model": "time", "sample": 0, "seed": 0,
                               "device": None, "log_meta": None, "eqclass_split": True, "native": None,
-                              "entry": None}
+                              "entry": None, "plan": None}
 
 
 def _active_blocks() -> List["Budget"]:
@@ -187,8 +189,12 @@ class Budget:
                  log: Optional[Union[str, os.PathLike]] = None, cost_model: str = "time",
                  thrash_limit: Optional[float] = 10.0, sample: int = 0, seed: int = 0,
                  device: Optional[Union[str, torch.device]] = None, log_meta: Optional[dict] = None,
-                 eqclass_split: bool = True, native: Optional[bool] = None, entry: Optional[str] = None):
+                 eqclass_split: bool = True, native: Optional[bool] = None, entry: Optional[str] = None,
+                 plan: Union[None, bool, str, float, PlanPolicy] = None):
         self.budget_bytes = _limit_bytes(limit)
+        policy = plan_policy(plan)
+        if policy is not None and self.budget_bytes is None:
+            raise ValueError("plan= needs a budget: without one nothing is evicted, so there is nothing to plan")
         if isinstance(heuristic, str):
             self.heuristic = get_heuristic(heuristic)
         elif isinstance(heuristic, Heuristic):
@@ -219,11 +225,11 @@ class Budget:
         self.entered: Optional[str] = None  # how they did (dtr/runtime/entry.py)
         given = {"heuristic": heuristic, "log": log, "cost_model": cost_model, "sample": sample, "seed": seed,
                  "device": device, "log_meta": log_meta, "eqclass_split": eqclass_split, "native": native,
-                 "entry": entry}
+                 "entry": entry, "plan": plan}
         # What this block asks for, as it runs it (an inner block cannot change it: Note [Nested blocks]).
         effective = {"heuristic": self.heuristic.name, "log": log, "cost_model": self.cost_model.unit,
                      "sample": sample, "seed": seed, "device": self._device, "log_meta": log_meta,
-                     "eqclass_split": eqclass_split, "native": self.native, "entry": self.entry}
+                     "eqclass_split": eqclass_split, "native": self.native, "entry": self.entry, "plan": policy}
         self._asked = {k: effective[k] for k, v in given.items() if v is not _INHERITED[k] and v != _INHERITED[k]}
         self._runs = effective
         self._core: Optional[Core] = None
@@ -233,6 +239,8 @@ class Budget:
         self._outer: Optional["Budget"] = None  # the block this one is nested in (Note [Nested blocks])
         self._base: Dict[str, float] = {}       # the counters when a nested block began
         self._saved: tuple = ()                 # the outer block's budget, thrash limit and peak
+        # A budget with a plan is entered once per step (Note [Planned steps] in step_plans.py).
+        self._plans = StepPlans(policy, self.budget_bytes) if policy is not None and self.budget_bytes is not None else None
 
     @property
     def stats(self) -> dict:
@@ -241,6 +249,37 @@ class Budget:
         if self._core is None:
             return {"budget_bytes": self.budget_bytes}
         return self._read_stats()
+
+    @property
+    def step_stats(self) -> List[dict]:
+        """With ``plan=``: each step's stats, with how it ran (``plan``: ``recorded``, ``planned``,
+        ``diverged`` or ``online``), ``plan_ops`` (ops that matched the plan), ``plan_diverged_at`` (the
+        first op that did not), ``planned_evictions`` and ``predicted_remat`` (the plan's recomputation, in
+        ``cost_unit``; compare ``remat_seconds`` and ``remat_compute``). Empty without ``plan=``."""
+        return [dict(s) for s in self._plans.steps] if self._plans is not None else []
+
+    @property
+    def plans(self) -> Dict[str, StepPlan]:
+        """With ``plan=``: the plans kept, by step signature (:class:`dtr.sim.step_plan.StepPlan`)."""
+        return dict(self._plans.plans) if self._plans is not None else {}
+
+    @property
+    def plan_errors(self) -> List[str]:
+        """With ``plan=``: why recorded steps gave no plan (those steps' successors ran online)."""
+        return list(self._plans.errors) if self._plans is not None else []
+
+    def wait_for_plan(self, timeout: Optional[float] = None) -> bool:
+        """With ``plan=``: wait until the step being planned has its plan (None: as long as it takes).
+
+        Returns:
+            Whether no planning is left in progress (True without ``plan=``).
+        """
+        return self._plans.wait(timeout) if self._plans is not None else True
+
+    def close(self) -> None:
+        """With ``plan=``: stop planning still in progress and remove its work files (the plans stay)."""
+        if self._plans is not None:
+            self._plans.close()
 
     def _read_stats(self) -> dict:
         assert self._core is not None and self._driver is not None, "only once the block has begun"
@@ -268,8 +307,10 @@ class Budget:
             self._driver._check()
 
     def __enter__(self) -> "Budget":
-        if self._driver is not None or self._final is not None:
-            raise RuntimeError("a dtr.budget cannot be entered twice; create a new one")
+        if self._core is not None or (self._plans is None and self._final is not None):
+            raise RuntimeError("a dtr.budget cannot be entered twice; create a new one (or give it plan=, "
+                               "for one budget entered once per training step)")
+        self._final, self._driver = None, None
         active = _active_blocks()
         if active:
             return self._enter_nested(active[-1])
@@ -283,8 +324,12 @@ class Budget:
         self._core = Core(self.heuristic, self.budget_bytes, semantics=self.semantics, seed=self._seed,
                           sample=self._sample, thrash_limit=self.thrash_limit)
         recorder = None
-        if self.log_path is not None:  # the meta line records the semantics: a replay makes the same decisions
-            recorder = LogRecorder(self.log_path, {
+        log_path = self.log_path
+        if self._plans is not None:  # (Note [Planned steps] in step_plans.py)
+            record = self._plans.begin(self._core)
+            log_path = log_path if log_path is not None or record is None else record
+        if log_path is not None:  # the meta line records the semantics: a replay makes the same decisions
+            recorder = LogRecorder(log_path, {
                 **self.log_meta, "cost_unit": self.cost_model.unit, "budget_bytes": self.budget_bytes,
                 "heuristic": self.heuristic.name, "recorded_by": "dtr.budget", **self.semantics.to_meta()})
         self._driver = Driver(self._core, self.cost_model, recorder, self._device)
@@ -390,6 +435,9 @@ class Budget:
             self._final = self._read_stats()
             if driver.recorder is not None:
                 driver.recorder.close()
+            if self._plans is not None:
+                log = None if self.log_path is None else os.fspath(self.log_path)
+                self._final.update(self._plans.end(core, self._final, failed, log))
             core.set_hooks()
             driver.detach_native()
             driver.entry = None
@@ -437,7 +485,8 @@ def budget(limit: Union[None, int, str], *, heuristic: Union[str, Heuristic] = "
            log: Optional[Union[str, os.PathLike]] = None, cost_model: str = "time",
            thrash_limit: Optional[float] = 10.0, sample: int = 0, seed: int = 0,
            device: Optional[Union[str, torch.device]] = None, log_meta: Optional[dict] = None,
-           eqclass_split: bool = True, native: Optional[bool] = None, entry: Optional[str] = None) -> Budget:
+           eqclass_split: bool = True, native: Optional[bool] = None, entry: Optional[str] = None,
+           plan: Union[None, bool, str, float, PlanPolicy] = None) -> Budget:
     """Run the code in a ``with`` block within ``limit`` bytes of tensor memory.
 
     Every tensor storage the block touches on the device counts (parameters,
@@ -502,6 +551,15 @@ def budget(limit: Union[None, int, str], *, heuristic: Union[str, Heuristic] = "
             sees no accelerator) and ``"mode"`` elsewhere: the key has not been
             validated on CUDA yet (Note [The default entry] in
             dtr/runtime/native.py).
+        plan: plan the steps of a training loop with the future known
+            (Note [Planned steps] in dtr/runtime/step_plans.py): the budget is
+            then one object entered once per step (``with mem: step()``); the
+            first step is recorded and planned off the critical path, later
+            ones follow the plan until an op differs, then go on online.
+            ``True``: the default planner (``auto``) and time limit (30 s); a
+            planner's name; a time limit in seconds; or a
+            :class:`dtr.runtime.step_plans.PlanPolicy`. Per-step figures:
+            ``step_stats``. Needs a budget.
 
     Returns:
         A :class:`Budget`; ``with dtr.budget(...) as b: ...`` then ``b.stats``.
@@ -526,4 +584,4 @@ def budget(limit: Union[None, int, str], *, heuristic: Union[str, Heuristic] = "
     """
     return Budget(limit, heuristic=heuristic, log=log, cost_model=cost_model, thrash_limit=thrash_limit,
                   sample=sample, seed=seed, device=device, log_meta=log_meta, eqclass_split=eqclass_split,
-                  native=native, entry=entry)
+                  native=native, entry=entry, plan=plan)

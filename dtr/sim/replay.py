@@ -12,9 +12,10 @@ from dtr.errors import BudgetError
 from dtr.heuristics import Heuristic, get_heuristic
 from dtr.semantics import Semantics, check_thrash_limit
 from dtr.sim.logs import Log, read_log
+from dtr.sim.step_plan import StepPlan
 from dtr.units import MAX_BYTES, parse_bytes
 
-__all__ = ["ReplayResult", "replay", "resolve_budget", "budget_from_ratio", "baseline"]
+__all__ = ["ReplayResult", "PLAN_FIELDS", "replay", "resolve_budget", "budget_from_ratio", "baseline"]
 
 BudgetSpec = Union[None, int, str]
 _PERCENT = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*%\s*$")
@@ -46,6 +47,11 @@ class ReplayResult:
         largest_op_bytes: the largest single operator's working set (inputs + outputs).
         thrash_limit: the thrash limit X (stop once total compute passes X * base).
         cost_unit: unit of the compute figures.
+        planner: with a plan (``--plan``), the planner that made it (None: online).
+        plan_ops: with a plan, the ops that matched it.
+        plan_diverged_at: with a plan, the first op (by ordinal) that did not (None: none).
+        planned_evictions: evictions the plan made.
+        predicted_remat: with a plan, the recomputation it predicted.
     """
 
     log: str
@@ -68,13 +74,23 @@ class ReplayResult:
     largest_op_bytes: int
     thrash_limit: float
     cost_unit: str
+    planner: Optional[str] = None
+    plan_ops: Optional[int] = None
+    plan_diverged_at: Optional[int] = None
+    planned_evictions: int = 0
+    predicted_remat: Optional[float] = None
 
     def to_dict(self) -> dict:
         """The result as a JSON-ready dict (an infinite thrash limit becomes None)."""
         d = asdict(self)
-        if not math.isfinite(d["thrash_limit"]):
-            d["thrash_limit"] = None
+        for k in ("thrash_limit", "predicted_remat"):
+            if d[k] is not None and not math.isfinite(d[k]):
+                d[k] = None
         return d
+
+
+#: ReplayResult's fields that only a replay following a plan fills (a sweep has none).
+PLAN_FIELDS = ("planner", "plan_ops", "plan_diverged_at", "planned_evictions", "predicted_remat")
 
 
 def resolve_budget(spec: BudgetSpec, baseline_peak: int) -> Optional[int]:
@@ -132,7 +148,8 @@ def baseline(log: Log) -> dict:
 def replay(log: Union[Log, str, os.PathLike], heuristic: Union[Heuristic, str] = "eqclass",
            budget: BudgetSpec = None, *, thrash_limit: float = 3.0, banish: bool = False,
            seed: int = 0, sample: int = 0, check: bool = False,
-           baseline_peak: Optional[int] = None, semantics: Optional[Semantics] = None) -> ReplayResult:
+           baseline_peak: Optional[int] = None, semantics: Optional[Semantics] = None,
+           plan: Optional[StepPlan] = None) -> ReplayResult:
     """Replay a log under a budget with one heuristic.
 
     Args:
@@ -150,6 +167,9 @@ def replay(log: Union[Log, str, os.PathLike], heuristic: Union[Heuristic, str] =
             :attr:`Log.semantics`; change one with ``log.semantics.replace(...)``).
             A heuristic whose ``split`` is set, such as ``eqclass-split``,
             always splits eqclass components.
+        plan: a plan to follow (:func:`dtr.sim.step_plan.make_step_plan`;
+            Note [Following a plan] in csrc/core_follow.cpp); one without
+            steps (``plan.ok`` false) is followed too, and changes nothing.
 
     Raises:
         LogFormatError: ``log`` is a path to a bad log.
@@ -166,7 +186,8 @@ def replay(log: Union[Log, str, os.PathLike], heuristic: Union[Heuristic, str] =
     budget_bytes = resolve_budget(budget, baseline_peak)
     raw = replay_program(log.program, h, budget_bytes, thrash_limit=thrash_limit, check=check,
                          banish=banish, seed=seed, sample=sample,
-                         semantics=log.semantics if semantics is None else semantics)
+                         semantics=log.semantics if semantics is None else semantics,
+                         plan=None if plan is None else plan.follow_plan())
     base = raw["base_total"]
     total = raw["base_compute"] + raw["remat_compute"]
     failed = raw["status"] != ReplayStatus.OK
@@ -179,4 +200,9 @@ def replay(log: Union[Log, str, os.PathLike], heuristic: Union[Heuristic, str] =
         needed_bytes=raw["needed_bytes"] if raw["status"] == ReplayStatus.OOM else None,
         failed_line=raw["failed_line"] if failed else None,
         constant_bytes=raw["constant_bytes"], largest_op_bytes=raw["largest_op_bytes"],
-        thrash_limit=thrash_limit, cost_unit=log.cost_unit)
+        thrash_limit=thrash_limit, cost_unit=log.cost_unit,
+        planner=None if plan is None else plan.planner,
+        plan_ops=None if plan is None else raw["plan_followed"],
+        plan_diverged_at=None if plan is None or raw["plan_diverged_at"] < 0 else raw["plan_diverged_at"],
+        planned_evictions=raw["planned_evictions"],
+        predicted_remat=None if plan is None else plan.predicted_remat)

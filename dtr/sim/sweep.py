@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Optional,
 from dtr.errors import DtrError
 from dtr.heuristics import Heuristic, get_heuristic, heuristic_names
 from dtr.semantics import check_thrash_limit
-from dtr.sim.replay import ReplayResult
+from dtr.sim.replay import PLAN_FIELDS, ReplayResult
 
 if TYPE_CHECKING:
     from dtr.sim.logs import Log
@@ -53,8 +53,8 @@ class SweepRow(ReplayResult):
         budget_ratio: the budget as a fraction of ``baseline_peak_bytes``.
     """
 
-    model: str
-    budget_ratio: float
+    model: str = ""           # (defaults only because ReplayResult's last fields have them; sweep sets both)
+    budget_ratio: float = 0.0
 
     @property
     def key(self) -> Tuple[str, str, float, float]:
@@ -64,7 +64,7 @@ class SweepRow(ReplayResult):
 
 # CSV column order: what identifies the run first, then the replay's fields.
 FIELDS: Tuple[str, ...] = ("log", "model", "budget_ratio") + tuple(
-    f.name for f in fields(ReplayResult) if f.name != "log")
+    f.name for f in fields(ReplayResult) if f.name != "log" and f.name not in PLAN_FIELDS)
 
 # Column -> (converter from CSV text, whether an empty cell means None).
 _INT = {"budget_bytes", "baseline_peak_bytes", "peak_bytes", "evictions", "eager_evictions", "remats",

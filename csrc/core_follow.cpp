@@ -1,0 +1,134 @@
+// core_follow.cpp - following a plan made with the whole step known: fingerprints, plan points, divergence.
+#include "core_internal.h"
+
+namespace dtr {
+
+// Note [Following a plan]
+// A training loop runs the same step again and again. A planner that saw one
+// step whole (dtr.sim.step_plan) knows, before each op of it, which storages
+// to free and which ops to recompute so that the step fits the budget with
+// the least recomputation. The core follows such a plan in a later step:
+// - ops are named by their *ordinal*, the count of ops created since the core
+//   began fingerprinting (set_plan, record_fingerprints, before the first
+//   op), and a storage by the ordinal of the op that allocates it and its
+//   output position. Ids cannot serve: compaction renumbers them, and a
+//   step's ids are its own;
+// - each op's *fingerprint* is a hash of what begin_call is given: its
+//   inputs, each as the ordinal of its op and its output position, and its
+//   outputs' sizes, aliases and in-place writes (costs are left out: a
+//   measured time varies). The fingerprint is exactly what the plan depends
+//   on: an op that matches has the same place in the graph and allocates the
+//   same bytes. The runtime and a replay of its log make the same calls, so
+//   they fingerprint a step alike;
+// - at each begin_call (the start of every op, constants included), while
+//   the ops so far matched, the op's fingerprint is compared with the plan's
+//   at its ordinal. The first that differs, or an op past the plan's end,
+//   ends the following for the rest of the core's life (plan_diverged_):
+//   from there the step runs online, as if there were no plan;
+// - while it matches, the plan's steps at that ordinal run before the op is
+//   created: "evict" evicts the named storage if it is resident and
+//   evictable now (in the pool: not locked, not pinned), "recompute"
+//   materializes the named op's undefined outputs on a storage that is still
+//   needed (neither collected nor banished). A step that names what the run
+//   does not have (an op dropped by compact, a storage the program freed)
+//   is skipped. Then the op runs as any op does: its inputs are brought back
+//   on demand and room is made by the heuristic wherever the plan's
+//   evictions did not suffice (a kernel's real sizes, a run that pinned
+//   more), so the budget stays a hard bound and a plan can only change which
+//   storages are evicted, and when, never a value.
+// Planned evictions are counted apart (Counters::planned_evictions): they
+// are neither the heuristic's choice nor a last release.
+
+namespace {
+
+inline uint64_t mix(uint64_t h, uint64_t x) {  // (splitmix64's finalizer over h ^ x)
+  uint64_t z = h ^ (x + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2));
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
+
+}  // namespace
+
+void Core::set_plan(FollowPlan plan) {
+  if (!ops_.empty()) throw std::logic_error("a plan must be set before the first op");
+  if (plan.starts.size() != plan.fingerprints.size() + 1 || plan.starts.front() != 0 ||
+      plan.starts.back() != int(plan.steps.size()))
+    throw std::invalid_argument("a plan needs one start per fingerprint and one more (0 first, steps last)");
+  for (size_t k = 1; k < plan.starts.size(); ++k)
+    if (plan.starts[k] < plan.starts[k - 1]) throw std::invalid_argument("a plan's starts must not decrease");
+  for (const PlanStep& st : plan.steps)
+    if ((st.kind != 0 && st.kind != 1) || st.op < 0 || st.index < 0)
+      throw std::invalid_argument("a plan step is (0 = evict | 1 = recompute, ordinal >= 0, output >= 0)");
+  plan_ = std::move(plan);
+  fp_on_ = true;
+  following_ = true;
+  plan_diverged_ = -1;
+}
+
+void Core::record_fingerprints(bool on) {
+  if (on && !ops_.empty() && !fp_on_) throw std::logic_error("fingerprints must be recorded from the first op");
+  fp_keep_ = on;
+  fp_on_ = fp_on_ || on;
+}
+
+uint64_t Core::fingerprint(const std::vector<int>& inputs, const std::vector<int64_t>& sizes,
+                           const std::vector<int>& alias_of, const std::vector<int>& inplace_of) const {
+  uint64_t h = mix(0, inputs.size());
+  for (int t : inputs) {
+    const Tensor& x = tensors_.at(t);
+    h = mix(h, uint64_t(ops_[x.op].ordinal));
+    h = mix(h, uint64_t(x.index));
+  }
+  h = mix(h, sizes.size());
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    h = mix(h, uint64_t(sizes[i]));
+    h = mix(h, uint64_t(int64_t(i < alias_of.size() ? alias_of[i] : -1)));
+    h = mix(h, uint64_t(int64_t(i < inplace_of.size() ? inplace_of[i] : -1)));
+  }
+  return h;
+}
+
+void Core::plan_point(const std::vector<int>& inputs, const std::vector<int64_t>& sizes,
+                      const std::vector<int>& alias_of, const std::vector<int>& inplace_of) {
+  for (int t : inputs)  // (new_op reports a bad input with its own message)
+    if (t < 0 || t >= int(tensors_.size())) return;
+  const uint64_t fp = fingerprint(inputs, sizes, alias_of, inplace_of);
+  if (fp_keep_) fps_.push_back(fp);
+  if (!following_) return;
+  const int64_t k = ordinal_;
+  if (k >= int64_t(plan_.fingerprints.size()) || plan_.fingerprints[k] != fp) {
+    following_ = false;
+    plan_diverged_ = k;
+    return;
+  }
+  follow_steps(k);
+}
+
+void Core::follow_steps(int64_t k) {
+  for (int i = plan_.starts[k]; i < plan_.starts[k + 1]; ++i) {
+    const PlanStep st = plan_.steps[i];
+    if (st.op >= int(plan_op_.size()) || plan_op_[st.op] < 0) continue;
+    const Op& o = ops_[plan_op_[st.op]];
+    if (st.kind == 0) {
+      if (st.index >= int(o.outputs.size())) continue;
+      const int sid = tensors_[o.outputs[st.index]].storage;
+      if (storages_[sid].pool_pos < 0) continue;
+      evict(sid, /*by_heuristic=*/false);
+      c_.eager_evictions -= 1;  // (evict counted it as a last release's)
+      c_.planned_evictions += 1;
+      continue;
+    }
+    const std::vector<int> outs = o.outputs;  // (materialize may move ops_'s elements: no reference kept)
+    for (int t : outs) {
+      if (tensors_[t].defined) continue;
+      const Storage& s = storages_[tensors_[t].storage];
+      if (s.collected || s.banished) continue;
+      materialize(t, /*remat=*/true);
+      c_.planned_remats += 1;
+      break;  // (one recomputation of the op defines all its outputs)
+    }
+  }
+}
+
+}  // namespace dtr

@@ -1,0 +1,319 @@
+"""Planned steps: ``dtr.budget(B, plan=True)`` records a step, plans it with the future known, follows the plan.
+
+One :class:`StepPlans` belongs to one reusable :class:`~dtr.runtime.budget.Budget`;
+each ``with`` block is a step. See Note [Planned steps].
+"""
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+from collections import Counter, OrderedDict
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional, Union
+
+from dtr.core import Core
+from dtr.errors import DtrError
+from dtr.sim.planners import planner_names
+from dtr.sim.step_plan import AUTO, DEFAULT_PLANNER, StepPlan, load_step_plan, make_step_plan, step_signature
+
+__all__ = ["PlanPolicy", "StepPlans", "plan_policy", "BACKGROUNDS"]
+
+#: How planning runs: in a process of its own (the default), a thread, or at the block's end.
+BACKGROUNDS = ("process", "thread", "inline")
+
+# Note [Planned steps]
+# ~~~~~~~~~~~~~~~~~~~~
+# A training loop runs one step shape again and again. With plan=, the budget
+# object is reused for every step (``with mem:``) and:
+# - every step fingerprints its ops (Note [Following a plan] in
+#   csrc/core_follow.cpp); its *signature* digests them (step_signature), so
+#   two steps of the same ops and shapes share one;
+# - the first step runs online and is recorded as a log. Planning it
+#   (dtr.sim.step_plan.make_step_plan) runs off the step's critical path
+#   (Note [Planning off the critical path]); the plan is kept only if the
+#   core, replaying the recorded step while following it, finishes within the
+#   budget and recomputes less than online DTR does there;
+# - each later step follows the plan of the previous step's signature (steps
+#   repeat), or else the newest plan. The core matches op by op; at the first
+#   op that differs (a new sequence length, the last short batch, a dynamic
+#   model) the rest of the step runs online. Nothing else changes: values
+#   are exact, the budget binds, a plan only chooses evictions;
+# - a signature seen ``repeat`` times with no plan (it keeps coming back) is
+#   recorded once more and planned; so is the second step's, if it differs
+#   from the first's: a loop's first step is often its own (an optimizer
+#   creates its state; the parameters and gradients the first step leaves
+#   are constants of every later one from their first op on: Note
+#   [Constants from earlier blocks] in driver.py), so the third step follows
+#   a plan of the steady state. A signature planned once and found no better
+#   than online is not planned again. So a model whose every step differs
+#   (a TreeLSTM over new trees) records and plans its first two steps only,
+#   and then pays only the fingerprints;
+# - at most ``max_plans`` plans are kept, the least recently used dropped;
+# - with measured costs, a planned step whose measured recomputation time
+#   strays from the plan's prediction by more than ``drift`` (a fraction)
+#   three steps running is recorded and planned again.
+
+
+@dataclass(frozen=True)
+class PlanPolicy:
+    """How a budget plans its steps (``dtr.budget(B, plan=...)``).
+
+    Attributes:
+        planner: a registered planner or ``auto`` (dtr.sim.step_plan.AUTO_PLANNERS).
+        time_limit: seconds the planners may take for one step, in all.
+        background: one of :data:`BACKGROUNDS`.
+        max_plans: plans kept, one per step signature.
+        repeat: a signature seen this many times without a plan is recorded again.
+        drift: the measured recomputation's tolerated relative distance from the prediction.
+    """
+
+    planner: str = DEFAULT_PLANNER
+    time_limit: float = 30.0
+    background: str = "process"
+    max_plans: int = 4
+    repeat: int = 2
+    drift: float = 0.5
+
+
+def plan_policy(plan: Union[None, bool, str, float, PlanPolicy]) -> Optional[PlanPolicy]:
+    """The policy ``plan=`` asks for: None/False none, True the default, a planner's name, a time limit.
+
+    Raises:
+        ValueError: an unknown planner or background, or a time limit that is not a positive number.
+        TypeError: a value of another type.
+    """
+    if plan is None or plan is False:
+        return None
+    if plan is True:
+        policy = PlanPolicy()
+    elif isinstance(plan, PlanPolicy):
+        policy = plan
+    elif isinstance(plan, str):
+        policy = PlanPolicy(planner=plan)
+    elif isinstance(plan, (int, float)) and not isinstance(plan, bool):
+        policy = PlanPolicy(time_limit=float(plan))
+    else:
+        raise TypeError(f"plan must be True, a planner's name, a time limit in seconds or a dtr PlanPolicy, "
+                        f"not {plan!r}")
+    from_registry = planner_names()
+    if policy.planner != AUTO and policy.planner not in from_registry:
+        raise ValueError(f"unknown planner {policy.planner!r}; the planners are: {AUTO}, {', '.join(from_registry)}")
+    if policy.background not in BACKGROUNDS:
+        raise ValueError(f"unknown background {policy.background!r}; valid: {', '.join(BACKGROUNDS)}")
+    if not (math.isfinite(policy.time_limit) and policy.time_limit > 0):
+        raise ValueError(f"a plan's time limit must be a positive number of seconds, not {policy.time_limit!r}")
+    if policy.max_plans < 1 or policy.repeat < 1:
+        raise ValueError("max_plans and repeat must be at least 1")
+    return policy
+
+
+class _Job:
+    """One step being planned: a process, a thread, or a plan made already."""
+
+    def __init__(self, policy: PlanPolicy, log: str, budget: int, workdir: str):
+        self.log, self.out = log, os.path.join(workdir, os.path.basename(log) + ".plan.json")
+        self.plan: Optional[StepPlan] = None
+        self.error: Optional[str] = None
+        self.proc: Optional[subprocess.Popen] = None
+        self.thread: Optional[threading.Thread] = None
+        args = [log, str(budget), policy.planner, repr(policy.time_limit)]
+        if policy.background == "process":
+            # (no multiprocessing: a spawned child would import the user's __main__ again)
+            self.proc = subprocess.Popen([sys.executable, "-m", "dtr.sim.plan_worker", *args, self.out],
+                                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=workdir)
+        elif policy.background == "thread":
+            self.thread = threading.Thread(target=self._plan_here, args=(budget, policy), daemon=True)
+            self.thread.start()
+        else:
+            self._plan_here(budget, policy)
+
+    def _plan_here(self, budget: int, policy: PlanPolicy) -> None:
+        try:
+            self.plan = make_step_plan(self.log, budget, policy.planner, time_limit=policy.time_limit)
+        except (DtrError, ValueError, OSError) as e:
+            self.error = str(e)
+
+    def done(self, wait: Optional[float] = 0.0) -> bool:
+        """Whether it finished (waiting up to ``wait`` seconds; None: as long as it takes)."""
+        if self.proc is not None:
+            try:
+                self.proc.wait(timeout=wait)
+            except subprocess.TimeoutExpired:
+                return False
+            if self.plan is None and self.error is None:
+                err = self.proc.stderr.read().decode(errors="replace") if self.proc.stderr else ""
+                if self.proc.returncode == 0:
+                    try:
+                        self.plan = load_step_plan(self.out)
+                    except DtrError as e:
+                        self.error = str(e)
+                else:
+                    self.error = err.strip() or f"the planner exited with status {self.proc.returncode}"
+            return True
+        if self.thread is not None:
+            self.thread.join(wait)
+            return not self.thread.is_alive()
+        return True
+
+
+class StepPlans:
+    """The plans of one reusable budget, and what each step did (Note [Planned steps]).
+
+    Args:
+        policy: how to plan.
+        budget_bytes: the budget the plans are made for.
+    """
+
+    def __init__(self, policy: PlanPolicy, budget_bytes: int):
+        self.policy = policy
+        self.budget_bytes = budget_bytes
+        self.plans: "OrderedDict[str, StepPlan]" = OrderedDict()
+        self.seen: Counter = Counter()
+        self.tried: set = set()          # signatures planned once (a plan kept or not)
+        self.steps: List[Dict[str, Any]] = []
+        self.errors: List[str] = []      # planning failures (the steps ran online)
+        self._last: Optional[str] = None
+        self._job: Optional[_Job] = None
+        self._dir = tempfile.mkdtemp(prefix="dtr-plans-")
+        self._current: Optional[StepPlan] = None
+        self._recording: Optional[str] = None
+        self._drifted = 0
+
+    def begin(self, core: Core) -> Optional[str]:
+        """Prepare a new step's core (before its first op): the plan to follow, fingerprints.
+
+        Returns:
+            A path to record the step's log to, or None.
+        """
+        self._collect(wait=0.0)
+        plan = self.plans.get(self._last) if self._last is not None else None
+        if plan is None and self.plans:
+            plan = next(reversed(self.plans.values()))
+        self._current = plan
+        if plan is not None:
+            self.plans.move_to_end(plan.signature)
+            core.set_plan(plan.follow_plan())
+        core.record_fingerprints(True)
+        self._recording = None
+        if self._job is None and self._wants_record():
+            self._recording = os.path.join(self._dir, f"step{len(self.steps)}.jsonl")
+        return self._recording
+
+    def _wants_record(self) -> bool:
+        if not self.steps:
+            return True
+        last = self._last
+        if last is None or last in self.plans or last in self.tried:
+            return False
+        # (the second step differs from the first more often than not: Note [Planned steps])
+        return self.seen[last] >= self.policy.repeat or len(self.steps) == 2
+
+    def end(self, core: Core, stats: Dict[str, Any], failed: bool, log: Optional[str] = None) -> Dict[str, Any]:
+        """Close a step: its signature, what it followed, and planning what it recorded.
+
+        Args:
+            core: the step's core.
+            stats: the block's stats.
+            failed: whether the block raised.
+            log: where the step's log was written, when the user asked for one (a copy is planned).
+
+        Returns:
+            The step's plan fields (added to the block's stats).
+        """
+        sig = step_signature(core.fingerprints())
+        followed, diverged, length = core.plan_state
+        plan = self._current
+        counters = core.counters
+        if self._recording is not None:
+            mode = "recorded"
+        elif plan is None:
+            mode = "online"
+        elif diverged < 0 and followed == length:
+            mode = "planned"
+        else:
+            mode = "diverged"
+        fields = {"plan": mode, "plan_signature": sig, "planner": plan.planner if plan else None,
+                  "plan_ops": followed if plan else 0, "plan_diverged_at": diverged if plan and diverged >= 0 else None,
+                  "planned_evictions": counters["planned_evictions"],
+                  "predicted_remat": plan.predicted_remat if plan else None}
+        self.seen[sig] += 1
+        self._last = sig
+        if mode == "planned" and plan is not None:
+            self._check_drift(plan, stats)
+        if self._recording is not None:
+            if log is not None and not failed:
+                shutil.copyfile(log, self._recording + (".gz" if log.endswith(".gz") else ""))
+                self._recording += ".gz" if log.endswith(".gz") else ""
+            if failed:
+                _remove(self._recording)
+            else:
+                self.tried.add(sig)
+                self._job = _Job(self.policy, self._recording, self.budget_bytes, self._dir)
+                if self.policy.background == "inline":
+                    self._collect(wait=None)
+            self._recording = None
+        self.steps.append({**stats, **fields})
+        return fields
+
+    def _check_drift(self, plan: StepPlan, stats: Dict[str, Any]) -> None:
+        """Re-plan a signature whose measured recomputation keeps straying from the plan (Note [Planned steps])."""
+        if stats.get("cost_unit") != "s" or plan.predicted_remat <= 0:
+            return
+        measured = stats.get("remat_seconds", 0.0)
+        if abs(measured - plan.predicted_remat) > self.policy.drift * plan.predicted_remat:
+            self._drifted += 1
+        else:
+            self._drifted = 0
+        if self._drifted >= 3:
+            self._drifted = 0
+            self.plans.pop(plan.signature, None)
+            self.tried.discard(plan.signature)
+            self.seen[plan.signature] = self.policy.repeat
+
+    def wait(self, timeout: Optional[float] = None) -> bool:
+        """Wait for the step being planned (None: as long as it takes). Returns whether none is left."""
+        self._collect(wait=timeout)
+        return self._job is None
+
+    def _collect(self, wait: Optional[float]) -> None:
+        job = self._job
+        if job is None or not job.done(wait):
+            return
+        self._job = None
+        _remove(job.log)
+        _remove(job.out)
+        if job.error is not None:
+            self.errors.append(job.error)
+            return
+        plan = job.plan
+        if plan is not None and plan.ok:
+            self.plans[plan.signature] = plan
+            while len(self.plans) > self.policy.max_plans:
+                self.plans.popitem(last=False)
+        elif plan is not None:
+            self.errors.append(f"no plan ({plan.status}): {plan.message}")
+
+    def close(self) -> None:
+        """Stop a planning process still running and remove the work files."""
+        job, self._job = self._job, None
+        if job is not None and job.proc is not None and job.proc.poll() is None:
+            job.proc.kill()
+            job.proc.wait()
+        for name in os.listdir(self._dir) if os.path.isdir(self._dir) else ():
+            _remove(os.path.join(self._dir, name))
+        try:
+            os.rmdir(self._dir)
+        except OSError:
+            pass
+
+
+def _remove(path: str) -> None:
+    try:
+        os.remove(path)
+    except OSError:
+        pass

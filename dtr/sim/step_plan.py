@@ -1,0 +1,366 @@
+"""A recorded step planned with its future known, as a plan the core follows op by op in later steps.
+
+The planners (:mod:`dtr.sim.planners`) turn a log into a static schedule over
+its exact graph; :func:`make_step_plan` checks that schedule with the one
+evaluator (:func:`dtr.sim.schedule.evaluate`) at the budget and rewrites it
+in the core's terms: before each op of the step (by ordinal), the storages to
+evict and the ops to recompute (Note [Following a plan] in
+csrc/core_follow.cpp). ``dtr.budget(..., plan=True)`` follows such plans in a
+training loop (:mod:`dtr.runtime.step_plans`), ``dtr-sim replay --plan`` over
+a log.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import struct
+from dataclasses import dataclass, field, replace
+from typing import List, Optional, Sequence, Tuple, Union
+
+from dtr.core import FollowPlan, ReplayStatus, replay_program
+from dtr.errors import DtrError
+from dtr.heuristics import get_heuristic
+from dtr.sim.graph import Graph, PlanGraphError, graph_from_log, plan_graph
+from dtr.sim.logs import Log, read_log
+from dtr.sim.planners import PlanOptions, planner_names, run_planner
+from dtr.sim.schedule import COMPUTE, evaluate, plan_schedule
+
+__all__ = ["StepPlan", "StepPlanError", "make_step_plan", "step_signature", "log_fingerprints",
+           "load_step_plan", "save_step_plan", "DEFAULT_PLANNER", "AUTO", "AUTO_PLANNERS", "EVICT", "RECOMPUTE"]
+
+#: ``auto``: each of AUTO_PLANNERS with a share of the time limit; the plan whose following recomputes least.
+AUTO = "auto"
+AUTO_PLANNERS = ("lookahead", "hierarchical")
+#: The planner a plan uses unless told.
+DEFAULT_PLANNER = AUTO
+EVICT, RECOMPUTE = 0, 1
+
+
+class StepPlanError(DtrError):
+    """A plan file that cannot be read, or one that does not fit the log it is given with."""
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """A plan for one step, in the core's terms.
+
+    Attributes:
+        fingerprints: per op ordinal of the recorded step, its fingerprint.
+        starts: per ordinal k, where its steps begin in ``steps`` (one more
+            entry than ``fingerprints``: the last is ``len(steps)``).
+        steps: ``(EVICT, op, output)`` or ``(RECOMPUTE, op, 0)``, ops by ordinal.
+        status: ``ok`` (a plan to follow), or why there is none: the
+            planner's status, ``invalid`` (the evaluator refused its schedule),
+            ``n/a`` (no planning graph) or ``no gain`` (online DTR recomputes
+            no more at this budget).
+        planner: the planner's name.
+        budget_bytes: the budget it was made for.
+        predicted_remat: the recomputation the plan costs, by the evaluator
+            (the log's cost unit).
+        online_remat: what online DTR's replay of the same log recomputes at
+            the same budget (``inf`` when it stops: out of budget, thrashing).
+        base_compute: the step's own compute.
+        cost_unit: the unit of the three.
+        message: the planner's or evaluator's word.
+        solve_seconds: the planner's wall time.
+    """
+
+    fingerprints: Tuple[int, ...]
+    starts: Tuple[int, ...]
+    steps: Tuple[Tuple[int, int, int], ...]
+    status: str
+    planner: str
+    budget_bytes: int
+    predicted_remat: float
+    online_remat: float
+    base_compute: float
+    cost_unit: str
+    message: str = ""
+    solve_seconds: float = 0.0
+    _follow: list = field(default_factory=list, repr=False, compare=False)  # the cached FollowPlan
+
+    @property
+    def ok(self) -> bool:
+        """Whether there is a plan to follow."""
+        return self.status == "ok"
+
+    @property
+    def signature(self) -> str:
+        """The recorded step's signature (:func:`step_signature`)."""
+        return step_signature(self.fingerprints)
+
+    def follow_plan(self) -> FollowPlan:
+        """The plan as the core takes it (made once)."""
+        if not self._follow:
+            self._follow.append(FollowPlan(list(self.fingerprints), list(self.starts), list(self.steps)))
+        return self._follow[0]
+
+    def to_json(self) -> dict:
+        d = {k: getattr(self, k) for k in ("status", "planner", "budget_bytes", "predicted_remat", "online_remat",
+                                          "base_compute", "cost_unit", "message", "solve_seconds")}
+        if not math.isfinite(d["online_remat"]):
+            d["online_remat"] = None
+        return {"format": "dtr-step-plan", "version": 1, **d, "fingerprints": [str(f) for f in self.fingerprints],
+                "starts": list(self.starts), "steps": [list(s) for s in self.steps]}
+
+    @staticmethod
+    def from_json(doc: dict) -> "StepPlan":
+        """Raises: StepPlanError: not a plan (``to_json``'s)."""
+        try:
+            if doc.get("format") != "dtr-step-plan":
+                raise ValueError("not a dtr-step-plan document")
+            online = doc["online_remat"]
+            return StepPlan(
+                fingerprints=tuple(int(f) for f in doc["fingerprints"]), starts=tuple(int(x) for x in doc["starts"]),
+                steps=tuple((int(a), int(b), int(c)) for a, b, c in doc["steps"]), status=str(doc["status"]),
+                planner=str(doc["planner"]), budget_bytes=int(doc["budget_bytes"]),
+                predicted_remat=float(doc["predicted_remat"]),
+                online_remat=math.inf if online is None else float(online), base_compute=float(doc["base_compute"]),
+                cost_unit=str(doc["cost_unit"]), message=str(doc.get("message", "")),
+                solve_seconds=float(doc.get("solve_seconds", 0.0)))
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            raise StepPlanError(f"not a step plan: {e}") from None
+
+
+def step_signature(fingerprints: Sequence[int]) -> str:
+    """A step's signature: a digest of its ops' fingerprints, equal for steps of the same ops and shapes."""
+    h = hashlib.blake2b(digest_size=12)
+    h.update(struct.pack(f"<{len(fingerprints)}Q", *fingerprints))
+    return h.hexdigest()
+
+
+def log_fingerprints(log: Log) -> List[int]:
+    """Each op's fingerprint in a replay of ``log`` without a budget (as the runtime that wrote it saw them)."""
+    return list(replay_program(log.program, "eqclass", None, semantics=log.semantics, fingerprints=True)
+                ["fingerprints"])
+
+
+def _no_plan(status: str, message: str, fps: Sequence[int], planner: str, budget: int, online: float,
+             base: float, unit: str, seconds: float = 0.0, predicted: float = math.inf) -> StepPlan:
+    return StepPlan(tuple(fps), tuple([0] * (len(fps) + 1)), (), status, planner, budget, predicted, online, base,
+                    unit, message, seconds)
+
+
+# Note [What a plan predicts]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# A planner's schedule is over the planning graph's order, which is not
+# always the step's: a view joins its base's node and runs with it, long
+# before the program asks for it. The core follows a plan only at the step's
+# own ops, and brings back on demand what the schedule had made early. So
+# the schedule's own recomputation (the evaluator's figure) is not what
+# following it costs. What it costs is known exactly before any step follows
+# it: the core that replays the recorded log with the plan is the runtime's
+# (record -> replay equality). make_step_plan therefore replays the log
+# following the plan, predicts that run's recomputation, and keeps the plan
+# only if it finishes and recomputes less than online DTR's replay at the
+# same budget.
+
+
+def make_step_plan(log: Union[Log, str, os.PathLike], budget: int, planner: str = DEFAULT_PLANNER, *,
+                   time_limit: float = 30.0, graph: Optional[Graph] = None) -> StepPlan:
+    """Plan a recorded step at ``budget`` and write the schedule as a plan the core follows.
+
+    The planner's schedule must pass the evaluator at the budget, and
+    recompute less than online DTR's replay of the same log does there (with
+    eqclass: the runtime's heuristic); otherwise the result has no steps and
+    says why in ``status`` (following nothing is online DTR). Between two
+    first computations of the schedule, its frees and recomputations become
+    the steps of the later one (the core runs them right before that op);
+    frees of constants are left out (the runtime never evicts one), and so is
+    what the schedule does after the step's last op (the block's end brings
+    back what the program holds).
+
+    Args:
+        log: the recorded step (a parsed log or a path).
+        budget: bytes, as the runtime counts them (the log's constants included).
+        planner: a registered planner, or ``auto`` (:data:`AUTO_PLANNERS`, each with a share of the time).
+        time_limit: the planners' time limit, seconds, in all.
+        graph: the log's exact graph, if already extracted.
+
+    Raises:
+        ValueError: an unknown planner (the message lists the valid ones).
+        LogFormatError: ``log`` is a path to a bad log.
+    """
+    names = AUTO_PLANNERS if planner == AUTO else (planner,)
+    for name in names:
+        if name not in planner_names():
+            raise ValueError(f"unknown planner {planner!r}; the planners are: {AUTO}, {', '.join(planner_names())}")
+    if not isinstance(log, Log):
+        log = read_log(log)
+    fps = log_fingerprints(log)
+    g = graph or graph_from_log(log)
+    online_raw = replay_program(log.program, get_heuristic("eqclass"), int(budget), semantics=log.semantics)
+    online = online_raw["remat_compute"] if online_raw["status"] == ReplayStatus.OK else math.inf
+    args = (fps, planner, int(budget), online, g.base_compute, g.cost_unit)
+    try:
+        pg = plan_graph(g)
+    except PlanGraphError as e:
+        return _no_plan("n/a", str(e), *args)
+    best: Optional[StepPlan] = None
+    why: List[str] = []
+    for name in names:
+        p = _candidate(log, g, pg, fps, name, int(budget), online, time_limit / len(names))
+        if p.ok and (best is None or p.predicted_remat < best.predicted_remat):
+            best = p
+        why.append(f"{name}: {p.status} ({p.message})" if len(names) > 1 else p.message)
+    if best is None:
+        statuses = {w.split(":")[1].split("(")[0].strip() for w in why} if len(names) > 1 else set()
+        status = "no gain" if len(names) > 1 else p.status
+        if statuses and statuses <= {"no gain"}:
+            status = "no gain"
+        return _no_plan(status, "; ".join(why), *args, predicted=p.predicted_remat)
+    return replace(best, planner=best.planner if planner != AUTO else f"{AUTO}:{best.planner}")
+
+
+def _candidate(log: Log, g: Graph, pg, fps: Sequence[int], planner: str, budget: int, online: float,
+               time_limit: float) -> StepPlan:
+    """One planner's plan, with what following it recomputes (Note [What a plan predicts])."""
+    args = (fps, planner, budget, online, g.base_compute, g.cost_unit)
+    res = run_planner(planner, pg, budget, PlanOptions(time_limit=time_limit))
+    if res.sequence is None:
+        return _no_plan(res.status, res.message, *args, seconds=res.solve_seconds)
+    schedule = plan_schedule(pg, res.sequence)
+    ev = evaluate(g, schedule.steps, budget)
+    if not ev.valid:
+        return _no_plan("invalid", f"the evaluator refused the schedule: {ev.error}", *args,
+                        seconds=res.solve_seconds)
+    plan, followed = None, None
+    for hold in (False, True):
+        starts, steps = _plan_points(g, schedule.steps, hold_for_views=hold)
+        p = StepPlan(tuple(fps), starts, steps, "ok", planner, budget, math.inf, online, g.base_compute, g.cost_unit,
+                     res.message, res.solve_seconds)
+        run = replay_program(log.program, get_heuristic("eqclass"), budget, semantics=log.semantics,
+                             plan=p.follow_plan())
+        if followed is None or _better(run, followed):
+            plan, followed = p, run
+    assert plan is not None and followed is not None
+    schedule_remat = ev.total_compute - ev.base_compute
+    if followed["status"] != ReplayStatus.OK:
+        return _no_plan("no gain", f"following it ends {followed['status']}; the schedule recomputes "
+                                   f"{schedule_remat:g} {g.cost_unit}", *args, seconds=res.solve_seconds)
+    predicted = followed["remat_compute"]
+    if predicted >= online:
+        return _no_plan("no gain", f"following it recomputes {predicted:g} {g.cost_unit} (the schedule "
+                                   f"{schedule_remat:g}), online DTR {online:g}", *args, seconds=res.solve_seconds,
+                        predicted=predicted)
+    return replace(plan, predicted_remat=predicted,
+                   message=f"the schedule recomputes {schedule_remat:g} {g.cost_unit}, following it {predicted:g}")
+
+
+def _better(a: dict, b: dict) -> bool:
+    """Whether replay ``a`` is better than ``b``: it finishes where ``b`` does not, or recomputes less."""
+    a_ok, b_ok = a["status"] == ReplayStatus.OK, b["status"] == ReplayStatus.OK
+    return a_ok and (not b_ok or a["remat_compute"] < b["remat_compute"])
+
+
+# Note [Plan points]
+# ~~~~~~~~~~~~~~~~~~
+# The core runs a plan's steps right before an op of the step (Note
+# [Following a plan] in csrc/core_follow.cpp), so each free and recomputation
+# of the schedule is attached to an op: the next op the schedule computes for
+# the first time. Three things differ from that simple rule:
+# - a free right before an op that overwrites the storage is the in-place
+#   write's own hand-over (Note [In-place writes in a schedule] in
+#   dtr.sim.schedule), which the core makes itself: it is dropped;
+# - a view that the schedule runs before its turn (a planner runs a view with
+#   its base) is not placed there: the program cannot ask for it early. Its
+#   point is where the schedule runs it again, if it does before its turn
+#   comes, or its turn. The program will ask for it at its turn, and making it
+#   needs what it reads: a schedule that freed that in between makes the core
+#   recompute it there. Holding those frees until the view's turn instead
+#   keeps more resident. Which costs less depends on the step, so both are
+#   written and replayed, and the cheaper kept (Note [What a plan predicts]);
+# - any other op run before its turn takes its steps to the first op not
+#   placed yet.
+# Frees of constants are dropped (the runtime never evicts one), and so is
+# what the schedule does after the step's last op.
+
+
+def _plan_points(g: Graph, schedule: Sequence[Tuple[str, int]], hold_for_views: bool = False
+                 ) -> Tuple[Tuple[int, ...], Tuple[Tuple[int, int, int], ...]]:
+    """The schedule's frees and recomputations, each attached to an op of the step (Note [Plan points]).
+
+    Args:
+        g: the graph.
+        schedule: its steps.
+        hold_for_views: frees of what an early view reads wait until the view is placed.
+    """
+    at: List[List[Tuple[int, int, int]]] = [[] for _ in range(g.num_ops)]
+    placed = bytearray(g.num_ops)
+    early: set = set()  # views the schedule ran before their turn, not placed yet
+    reads: dict = {}  # an early view -> the storages it reads
+    held: List[Tuple[set, Tuple[int, int, int]]] = []  # frees waiting for early views to be placed
+    nxt = 0  # the first op (by ordinal) not placed yet
+    pending: List[Tuple[int, int, int]] = []
+    freed: dict = {}  # storage freed since the last compute step -> its step's position in pending
+    for kind, x in schedule:
+        if kind != COMPUTE:
+            if not g.storage_constant[x]:
+                op = g.storage_op[x]
+                step = (EVICT, op, g.op_outputs[op].index(g.storage_tensors[x][0]))
+                waits = {v for v in early if x in reads[v]} if hold_for_views else set()
+                if waits:
+                    held.append((waits, step))
+                    continue
+                freed[x] = len(pending)
+                pending.append(step)
+            continue
+        handed = {freed[s] for s in g.op_overwrites[x] if s in freed}
+        if handed:
+            pending = [st for i, st in enumerate(pending) if i not in handed]
+        freed.clear()
+        if placed[x]:
+            pending.append((RECOMPUTE, x, 0))
+            continue
+        if x > nxt and not g.op_fresh[x] and any(not placed[y] and y not in early for y in range(nxt, x)):
+            early.add(x)  # a view run before its turn: placed where the schedule runs it again, or in order
+            reads[x] = {g.tensor_storage[t] for t in g.op_inputs[x]}
+            continue
+        target = x if all(placed[y] or y in early for y in range(nxt, x)) else nxt
+        at[target].extend(pending)
+        pending = []
+        for y in range(nxt, x):
+            if y in early:
+                placed[y] = 1
+        placed[x] = 1
+        early = {v for v in early if not placed[v]}
+        while nxt < g.num_ops and placed[nxt]:
+            nxt += 1
+        if held:  # frees no early view waits for any more run before the next op
+            pending.extend(step for waits, step in held if not waits & early)
+            held = [(waits, step) for waits, step in held if waits & early]
+    starts = [0]
+    steps: List[Tuple[int, int, int]] = []
+    for point in at:
+        steps.extend(point)
+        starts.append(len(steps))
+    return tuple(starts), tuple(steps)
+
+
+def save_step_plan(plan: StepPlan, path: Union[str, os.PathLike]) -> None:
+    """Write a plan as JSON (``dtr-sim replay --plan FILE`` reads it)."""
+    with open(path, "w") as f:
+        json.dump(plan.to_json(), f)
+        f.write("\n")
+
+
+def load_step_plan(path: Union[str, os.PathLike]) -> StepPlan:
+    """Read a plan written by :func:`save_step_plan`.
+
+    Raises:
+        StepPlanError: not a readable plan.
+    """
+    try:
+        with open(path) as f:
+            doc = json.load(f)
+    except (OSError, ValueError) as e:
+        raise StepPlanError(f"{os.fspath(path)}: cannot read the plan: {e}") from None
+    if not isinstance(doc, dict):
+        raise StepPlanError(f"{os.fspath(path)}: not a step plan (expected a JSON object)")
+    try:
+        return StepPlan.from_json(doc)
+    except StepPlanError as e:
+        raise StepPlanError(f"{os.fspath(path)}: {e}") from None
+

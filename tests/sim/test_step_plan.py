@@ -1,0 +1,118 @@
+"""Plans made from a log with the future known, and the core following them (dtr.sim.step_plan, core_follow.cpp)."""
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+from support.paths import LOGS
+from support.planner_graphs import random_dag
+
+from dtr.cli import main
+from dtr.core import Core, FollowPlan, ReplayStatus, replay_program
+from dtr.sim import parse_text, read_log
+from dtr.sim.graph import graph_from_log
+from dtr.sim.replay import baseline, replay
+from dtr.sim.step_plan import (
+    EVICT,
+    RECOMPUTE,
+    StepPlan,
+    StepPlanError,
+    load_step_plan,
+    log_fingerprints,
+    make_step_plan,
+    save_step_plan,
+    step_signature,
+)
+
+UNET = LOGS / "unet.jsonl.gz"
+
+
+def _unet_plan():
+    log = read_log(UNET)
+    b = int(baseline(log)["peak_memory"] * 0.5)
+    return log, b, make_step_plan(log, b, "lookahead")
+
+
+def test_a_plan_recomputes_what_it_predicts_and_less_than_online():
+    log, b, plan = _unet_plan()
+    assert plan.ok, plan.message
+    online = replay(log, "eqclass", b, thrash_limit=math.inf)
+    r = replay(log, "eqclass", b, thrash_limit=math.inf, plan=plan, check=True)  # (Core::check after each line)
+    assert r.status == "ok" and r.peak_bytes <= b
+    assert r.remat_compute == plan.predicted_remat < online.remat_compute == plan.online_remat
+    assert r.plan_ops == len(plan.fingerprints) and r.plan_diverged_at is None and r.planned_evictions > 0
+    assert {k for k, _, _ in plan.steps} <= {EVICT, RECOMPUTE}
+
+
+def test_a_plan_that_matches_nothing_is_online_dtr():
+    log, b, plan = _unet_plan()
+    fps = list(plan.fingerprints)
+    for k in (0, 7, len(fps) // 2):
+        wrong = list(fps)
+        wrong[k] ^= 1
+        bad = FollowPlan(wrong, list(plan.starts), list(plan.steps))
+        raw = replay_program(log.program, "eqclass", b, semantics=log.semantics, plan=bad, check=True)
+        assert raw["plan_diverged_at"] == k and raw["plan_followed"] == k
+        if k == 0:  # nothing followed: exactly online DTR
+            online = replay_program(log.program, "eqclass", b, semantics=log.semantics)
+            assert {x: raw[x] for x in ("evictions", "remats", "remat_compute", "peak_memory")} == \
+                {x: online[x] for x in ("evictions", "remats", "remat_compute", "peak_memory")}
+            assert raw["planned_evictions"] == 0
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_random_graphs_follow_their_plans_within_budget(seed):
+    log = parse_text(random_dag(seed, 40, kept=2, multi=True))
+    fps = log_fingerprints(log)
+    assert len(fps) == graph_from_log(log).num_ops  # one per op of the exact graph, constants included
+    peak = baseline(log)["peak_memory"]
+    for frac in (0.7, 0.5):
+        b = int(peak * frac)
+        plan = make_step_plan(log, b, "lookahead", time_limit=5)
+        assert plan.ok, plan.message  # (these small graphs are always planned: seen, not assumed)
+        raw = replay_program(log.program, "eqclass", b, semantics=log.semantics, plan=plan.follow_plan(),
+                             check=True)
+        assert raw["status"] == ReplayStatus.OK and raw["peak_memory"] <= b
+        assert raw["remat_compute"] == plan.predicted_remat < plan.online_remat
+
+
+def test_plans_round_trip_and_bad_files_say_why(tmp_path):
+    _, _, plan = _unet_plan()
+    p = tmp_path / "p.json"
+    save_step_plan(plan, p)
+    again = load_step_plan(p)
+    assert again == plan and again.signature == step_signature(plan.fingerprints)
+    (tmp_path / "bad.json").write_text(json.dumps({"format": "dtr-step-plan"}))
+    with pytest.raises(StepPlanError, match="bad.json"):
+        load_step_plan(tmp_path / "bad.json")
+    with pytest.raises(StepPlanError, match="cannot read"):
+        load_step_plan(tmp_path / "missing.json")
+    with pytest.raises(ValueError, match="lookahead"):
+        make_step_plan(UNET, 10**6, "nosuch")
+    assert isinstance(again, StepPlan)
+
+
+def test_the_core_checks_a_plan():
+    c = Core("eqclass", 100)
+    with pytest.raises(ValueError, match="start"):
+        c.set_plan(FollowPlan([1, 2], [0, 0], []))
+    with pytest.raises(ValueError, match="step"):
+        c.set_plan(FollowPlan([1], [0, 1], [(2, 0, 0)]))
+    c.constant(10)
+    with pytest.raises(RuntimeError, match="before the first op"):
+        c.set_plan(FollowPlan([1], [0, 0], []))
+
+
+def test_replay_cli_follows_a_plan(tmp_path, capsys):
+    out = tmp_path / "p.json"
+    assert main(["replay", str(UNET), "--budget", "50%", "--plan", "lookahead", "--save-plan", str(out)]) == 0
+    first = capsys.readouterr().out
+    assert "plan           lookahead:" in first and "to the end" in first
+    assert main(["replay", str(UNET), "--budget", "50%", "--plan", str(out), "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["planner"] == "lookahead" and d["plan_diverged_at"] is None and d["planned_evictions"] > 0
+    assert main(["replay", str(UNET), "--budget", "50%", "--plan", "nosuch"]) == 2
+    assert "auto, chen" in capsys.readouterr().err
+    assert main(["replay", str(UNET), "--plan", "lookahead"]) == 2
+    assert "needs a --budget" in capsys.readouterr().err
