@@ -8,7 +8,7 @@ PIP     = $(PY) -m pip
 # The CPU build of torch, pinned: an unpinned torch pulls a multi-GB CUDA build.
 TORCH  ?= torch==2.13.0
 
-.PHONY: venv demo lint test test-fast check-install bench experiments clean
+.PHONY: venv demo lint test test-fast test-paths check-install bench experiments clean
 
 $(VENV)/.installed: pyproject.toml setup.py $(wildcard csrc/*.cpp csrc/*.h csrc/native/*.cpp csrc/native/*.h)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -36,7 +36,9 @@ lint: venv
 # The whole suite runs on the native per-op path (dtr._native must be built: DTR_REQUIRE_NATIVE), entering
 # through the CPU's default entry, the dispatch key (Note [The default entry] in dtr/runtime/native.py); then the
 # runtime's own tests run again on the Python reference path (DTR_NATIVE=0, a dispatch mode), and on the native
-# path entered as a dispatch mode (DTR_ENTRY=mode: the default where torch sees an accelerator).
+# path entered as a dispatch mode (DTR_ENTRY=mode: the default where torch sees an accelerator). Those two passes
+# leave out the tests marked slow (whole models, long fuzz runs), to keep CI within its time: `make test-paths`
+# runs them too.
 RUNTIME_TESTS = tests/runtime
 MODE_TESTS = $(RUNTIME_TESTS) tests/native
 # Each pass ends with pytest's summary line (counts and the pass's wall time) and its 15 slowest tests.
@@ -44,9 +46,14 @@ PYTEST = $(PY) -m pytest -q --durations=15
 test: lint
 	@echo "== pass 1/3: the whole suite (native path, default entry)"
 	DTR_REQUIRE_NATIVE=1 $(PYTEST)
-	@echo "== pass 2/3: the runtime's tests on the Python reference path (DTR_NATIVE=0)"
+	@echo "== pass 2/3: the runtime's tests on the Python reference path (DTR_NATIVE=0), without the slow ones"
+	DTR_NATIVE=0 $(PYTEST) -m "not slow" $(RUNTIME_TESTS)
+	@echo "== pass 3/3: the runtime's and the native path's tests entered as a dispatch mode (DTR_ENTRY=mode), without the slow ones"
+	DTR_ENTRY=mode $(PYTEST) -m "not slow" $(MODE_TESTS)
+
+# Passes 2 and 3 of make test with the slow tests as well.
+test-paths: venv
 	DTR_NATIVE=0 $(PYTEST) $(RUNTIME_TESTS)
-	@echo "== pass 3/3: the runtime's and the native path's tests entered as a dispatch mode (DTR_ENTRY=mode)"
 	DTR_ENTRY=mode $(PYTEST) $(MODE_TESTS)
 
 # The first pass without the tests marked slow (each over about ten seconds; a few minutes in all), and no lint:

@@ -1,0 +1,166 @@
+"""Planned steps against online DTR: the same budget, steps planned with the future known or decided online.
+
+Usage:
+    python benchmarks/bench_planned_steps.py [--rounds 7] [--models gpt,cnn,treelstm,mlp] [--fracs 0.5,0.3]
+                                             [--out BENCHMARKS.md]
+
+For each model (bench_runtime.py's GPT, CNN and TreeLSTM at their small
+sizes, and an MLP of Linear-ReLU-Dropout layers) and each budget
+``C + f * P`` (C: what exists before the step, P: dtr's own peak above it
+with no limit), two budgets run in one process, one thread:
+
+* ``online``: ``dtr.budget(B)`` entered once per step, as today;
+* ``planned``: one ``dtr.budget(B, plan=PlanPolicy(background="inline"))``
+  entered once per step; warm-up steps until a plan is followed or three
+  steps ran (planning happens at the end of a recorded step, outside the
+  timed steps).
+
+Then ``--rounds`` rounds, each one step of each variant in a shuffled
+order. Reported: median step times, the median of the per-round ratios
+planned / online, the recomputation each did (the core's figure, in the cost
+model's unit), what the planned steps ran as (planned, diverged, online),
+and whether both produced plain PyTorch's gradients bit for bit.
+"""
+from __future__ import annotations
+
+import argparse
+import pathlib
+import random
+import statistics
+import sys
+from typing import Dict, List, Optional
+
+import torch
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+import bench_runtime  # noqa: E402
+from report import write_section  # noqa: E402
+
+import dtr  # noqa: E402
+from dtr.runtime.step_plans import PlanPolicy  # noqa: E402
+
+
+def _mlp():
+    torch.manual_seed(0)
+    layers: List[torch.nn.Module] = []
+    for _ in range(6):
+        layers += [torch.nn.Linear(256, 256), torch.nn.ReLU(), torch.nn.Dropout(0.1)]
+    model = torch.nn.Sequential(*layers, torch.nn.Linear(256, 10))
+    x, y = torch.randn(256, 256), torch.randint(0, 10, (256,))
+    return model, (x, y), lambda m, x, y, checkpoint=False: torch.nn.functional.cross_entropy(m(x), y)
+
+
+def _build(name: str):
+    if name == "mlp":
+        return _mlp()
+    torch.manual_seed(0)
+    return bench_runtime.build(name, bench_runtime.SIZES[name][1])
+
+
+def run(name: str, frac: float, rounds: int, seed: int) -> Dict[str, object]:
+    """One model at one budget: the report's row."""
+    model, inputs, loss_fn = _build(name)
+    params = list(model.parameters())
+
+    def step(ctx=None):
+        model.zero_grad(set_to_none=True)
+        torch.manual_seed(100)
+        if ctx is None:
+            loss = loss_fn(model, *inputs)
+            loss.backward()
+            return None
+        with ctx:
+            loss = loss_fn(model, *inputs)
+            loss.backward()
+        return ctx.stats
+
+    step()
+    want = [p.grad.clone() for p in params]
+    with dtr.budget(None) as b0:
+        step_body = loss_fn(model, *inputs)
+        step_body.backward()
+    const, peak = b0.stats["memory_bytes"], b0.stats["peak_bytes"]
+    limit = int(const + frac * (peak - const))
+    planned = dtr.budget(limit, plan=PlanPolicy(background="inline", time_limit=60))
+    warm = 0
+    while warm < 6:
+        warm += 1
+        s = step(planned)
+        if s["plan"] == "planned" or (warm >= 3 and not planned.plans):
+            break
+    times: Dict[str, List[float]] = {"online": [], "planned": []}
+    stats: Dict[str, List[dict]] = {"online": [], "planned": []}
+    exact = {"online": True, "planned": True}
+    rng = random.Random(seed)
+    import time
+    for _ in range(rounds):
+        order = ["online", "planned"]
+        rng.shuffle(order)
+        for v in order:
+            ctx = planned if v == "planned" else dtr.budget(limit)
+            t = time.perf_counter()
+            st = step(ctx)
+            times[v].append(time.perf_counter() - t)
+            stats[v].append(st)
+            exact[v] = exact[v] and all(torch.equal(p.grad, w) for p, w in zip(params, want))
+    ratios = [p / o for p, o in zip(times["planned"], times["online"])]
+    med = statistics.median
+    planned.close()
+    return {
+        "model": name, "frac": frac, "budget": limit, "online_s": med(times["online"]),
+        "planned_s": med(times["planned"]), "ratio": med(ratios),
+        "online_remat": med([s["remat_compute"] for s in stats["online"]]),
+        "planned_remat": med([s["remat_compute"] for s in stats["planned"]]),
+        "predicted": med([s["predicted_remat"] for s in stats["planned"] if s["predicted_remat"] is not None]
+                         or [float("nan")]),
+        "modes": sorted({s["plan"] for s in stats["planned"]}),
+        "planner": next((s["planner"] for s in stats["planned"] if s["planner"]), None),
+        "unit": stats["online"][0]["cost_unit"], "exact": exact,
+        "why": planned.plan_errors[-1][:160] if planned.plan_errors and not planned.plans else "",
+    }
+
+
+def render(rows: List[dict], rounds: int) -> str:
+    lines = [f"One process, one thread, {rounds} shuffled rounds of one step each, after warm-up steps in "
+             f"which the planned budget recorded and planned. Recomputation is the core's figure (measured "
+             f"op times). Exact: gradients equal plain PyTorch's bit for bit, every step.", "",
+             "| model | budget | online s | planned s | planned / online (median of rounds) | online remat | "
+             "planned remat (predicted) | planned steps ran | planner | exact |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        pred = "–" if r["predicted"] != r["predicted"] else f"{r['predicted']:.3g}"
+        lines.append(
+            f"| {r['model']} | C + {r['frac']:g} P | {r['online_s']:.4f} | {r['planned_s']:.4f} | "
+            f"{r['ratio']:.3f}× | {r['online_remat']:.3g} {r['unit']} | {r['planned_remat']:.3g} ({pred}) | "
+            f"{', '.join(r['modes'])} | {r['planner'] or 'none: ' + r['why']} | "
+            f"{'yes' if all(r['exact'].values()) else 'NO: ' + str(r['exact'])} |")
+    return "\n".join(lines)
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--models", default="gpt,cnn,treelstm,mlp")
+    ap.add_argument("--fracs", default="0.5,0.3")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", default=None, help="write the report as a section of this Markdown file")
+    a = ap.parse_args(argv)
+    torch.set_num_threads(1)
+    rows = []
+    for m in a.models.split(","):
+        for f in (float(x) for x in a.fracs.split(",")):
+            try:
+                rows.append(run(m, f, a.rounds, a.seed))
+            except dtr.DtrError as e:
+                print(f"{m} at {f:g}: {type(e).__name__}: {str(e).splitlines()[0]}", file=sys.stderr)
+                continue
+            print(render(rows[-1:], a.rounds).splitlines()[-1], flush=True)
+    text = render(rows, a.rounds)
+    print(text)
+    if a.out:
+        write_section(a.out, "planned-steps", f"Planned steps against online DTR (torch {torch.__version__})", text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
