@@ -31,7 +31,7 @@ demo: venv
 lint: venv
 	$(PY) -m ruff check .
 	$(PY) -m mypy
-	$(PY) -m mypy.stubtest dtr._C --allowlist stubtest_allowlist.txt
+	$(PY) -m mypy.stubtest dtr._C --allowlist stubtest_allowlist.txt --mypy-config-file pyproject.toml
 
 # The whole suite runs on the native per-op path (dtr._native must be built: DTR_REQUIRE_NATIVE), entering
 # through the CPU's default entry, the dispatch key (Note [The default entry] in dtr/runtime/native.py); then the

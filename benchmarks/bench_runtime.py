@@ -236,6 +236,13 @@ def worker(spec: dict) -> dict:
     const = sum(t.untyped_storage().nbytes() for t in [*params, *model.buffers(), *inputs])
     const += sum(p.grad.untyped_storage().nbytes() for p in params)
     variant, limit = spec["variant"], spec.get("limit")
+    planned = None  # a planned variant: one budget for every step (Note [Planned steps] in dtr/runtime/step_plans.py)
+    if variant.startswith("plan"):
+        from dtr.runtime.step_plans import PlanPolicy
+        planned = dtr.budget(limit, cost_model=spec.get("cost_model", "time"), heuristic=spec.get("heuristic", "eqclass"),
+                             device="cuda" if cuda else None,
+                             plan=PlanPolicy(background="inline", time_limit=spec.get("plan_time", 60.0)),
+                             **({"entry": spec["entry"]} if spec.get("entry") else {}))
 
     def step(seed: int):
         model.zero_grad(set_to_none=False)
@@ -246,9 +253,9 @@ def worker(spec: dict) -> dict:
             loss.backward()
         else:
             extra = {"entry": spec["entry"]} if spec.get("entry") else {}  # (older dtr versions have no entry)
-            with dtr.budget(limit, cost_model=spec.get("cost_model", "time"),
-                            heuristic=spec.get("heuristic", "eqclass"), device="cuda" if cuda else None,
-                            **extra) as b:
+            with planned if planned is not None else dtr.budget(
+                    limit, cost_model=spec.get("cost_model", "time"), heuristic=spec.get("heuristic", "eqclass"),
+                    device="cuda" if cuda else None, **extra) as b:
                 loss = loss_fn(model, *inputs)
                 loss.backward()
             stats = b.stats
@@ -340,9 +347,14 @@ def med(xs):
 def variants_for(model: str, fracs) -> list:
     fracs = fracs[model] if isinstance(fracs, dict) else fracs
     v = ["plain", "none"] + [f"dtr{f:g}" for f in fracs]
+    if PLAN_FRACS.get(model):
+        v += [f"plan{f:g}" for f in PLAN_FRACS[model]]
     if model == "gpt":
         v.append("ckpt")
     return v
+
+
+PLAN_FRACS: dict = {}  # model -> the fractions that also get a planned variant (--plan)
 
 
 def main() -> None:
@@ -355,6 +367,9 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--models", default="gpt,cnn,treelstm")
+    ap.add_argument("--plan", default=None, metavar="FRACS",
+                    help="also run these fractions (of every model) as planned steps: one dtr.budget(..., plan=True) "
+                         "for all of a worker's steps, planned at the end of the first (give --warmup >= 3)")
     ap.add_argument("--fracs", default="0.5,0.35,0.25,0.215,0.2", help="budget fractions f of P for the GPT")
     ap.add_argument("--fracs-other", default="0.7,0.5,0.4", help="budget fractions f of P for the CNN and TreeLSTM")
     ap.add_argument("--calib", type=int, default=2, help="plain runs to calibrate P (the plain peak increase)")
@@ -394,6 +409,8 @@ def main() -> None:
             raise SystemExit(f"--cfg: unknown model {m!r} (valid: {', '.join(SIZES)})")
         SIZES[m] = tuple({**size, **over} for size in SIZES[m])
     fracs = {m: [float(f) for f in (a.fracs if m == "gpt" else a.fracs_other).split(",")] for m in models}
+    if a.plan:
+        PLAN_FRACS.update({m: [float(f) for f in a.plan.split(",")] for m in models})
     shuffle = random.Random(a.seed)
     t_start = time.perf_counter()
     load_start = os.getloadavg()
@@ -416,9 +433,7 @@ def main() -> None:
               file=sys.stderr, flush=True)
 
     def limit_of(m, v):
-        if v.startswith("dtr"):
-            return int(calib[m]["C"] + float(v[3:]) * calib[m]["P"])
-        return None
+        return limit_of_static(calib, m, v)
 
     # 2. Rounds: all (model, variant) pairs in a shuffled order per round.
     results = {(m, v): [] for m in models for v in variants_for(m, fracs)}
@@ -439,6 +454,8 @@ def main() -> None:
                 res = run_worker(spec(m, "dtr", None), a.timeout)
             elif v.startswith("dtr"):
                 res = run_worker(spec(m, "dtr", limit_of(m, v)), a.timeout)
+            elif v.startswith("plan"):
+                res = run_worker(spec(m, "plan", limit_of(m, v)), a.timeout)
             else:
                 res = run_worker(spec(m, v), a.timeout)
             res["round"] = r
@@ -480,17 +497,25 @@ def summarize(models, fracs, calib, results):
                 "dtr_peak": med([s["peak_bytes"] for s in stats]),
                 "ops": med([s["ops"] for s in stats]),
                 "loss": sorted({r["loss"] for r in good}), "grad_sum": sorted({r["grad_sum"] for r in good}),
+                "plan_modes": sorted({s.get("plan") for s in stats if s.get("plan")}),
+                "predicted_remat": med([s["predicted_remat"] for s in stats if s.get("predicted_remat") is not None]),
             }
     return S
 
 
+def _frac(v):
+    return float(v[4:]) if v.startswith("plan") else float(v[3:])
+
+
 def limit_of_static(calib, m, v):
-    if v.startswith("dtr"):
-        return int(calib[m]["C"] + float(v[3:]) * calib[m]["P"])
+    if v.startswith("dtr") or v.startswith("plan"):
+        return int(calib[m]["C"] + _frac(v) * calib[m]["P"])
     return None
 
 
 def label(v):
+    if v.startswith("plan"):
+        return f"dtr.budget(C + {round(_frac(v) * 100, 3):g}% P, plan=True)"
     return {"plain": "plain PyTorch", "none": "dtr.budget(None)", "ckpt": "checkpoint per block"}.get(
         v, f"dtr.budget(C + {round(float(v[3:]) * 100, 3):g}% P)" if v.startswith("dtr") else v)
 
@@ -547,6 +572,14 @@ def render(a, models, fracs, calib, results, elapsed, load_start) -> str:
                      f"{'–' if s['remats'] is None else int(s['remats'])} | {f2(s['remat_seconds'], 3)} | {dp} | "
                      f"{over} | "
                      f"{'–' if s['ops'] is None else int(s['ops'])} | {same} |")
+        for v in variants_for(m, fracs):
+            if v.startswith("plan") and S[(m, v)]["ok"]:
+                s = S[(m, v)]
+                L.append("")
+                L.append(f"{label(v)}: timed steps ran {', '.join(s['plan_modes'])}; recomputation measured "
+                         f"{s['remat_seconds']:.4f} s, predicted {s['predicted_remat'] or 0:.4g} cost units (median per step)."
+                         if s["predicted_remat"] is not None else
+                         f"{label(v)}: timed steps ran {', '.join(s['plan_modes'])} (no plan kept).")
         errs = [(v, e) for v in variants_for(m, fracs) for e in S[(m, v)]["errors"]]
         if errs:
             L += ["", "Errors raised by the runtime (recorded, not patched):", ""]

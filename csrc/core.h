@@ -476,7 +476,7 @@ class Core {
 
   uint64_t fingerprint(const std::vector<int>& inputs, const std::vector<int64_t>& sizes,
                        const std::vector<int>& alias_of, const std::vector<int>& inplace_of) const;
-  void plan_point(const std::vector<int>& inputs, const std::vector<int64_t>& sizes,
+  uint64_t plan_point(const std::vector<int>& inputs, const std::vector<int64_t>& sizes,
                   const std::vector<int>& alias_of, const std::vector<int>& inplace_of);
   void follow_steps(int64_t k);
   int new_op(const std::vector<int>& inputs, const std::vector<int64_t>& sizes, const std::vector<int>& alias_of,

@@ -31,6 +31,14 @@ void Core::check() const {
   check_storages();
   check_components();
   check_bound_tree();
+  // Note [Following a plan]: each ordinal names the op that has it (or -1: compacted away), in order.
+  if (int64_t(plan_op_.size()) != (fp_on_ ? ordinal_ : 0)) fail("an op without an ordinal while fingerprinting");
+  for (size_t k = 0; k < plan_op_.size(); ++k) {
+    const int o = plan_op_[k];
+    if (o < -1 || o >= int(ops_.size()) || (o >= 0 && ops_[o].ordinal != int64_t(k)))
+      fail("ordinal " + std::to_string(k) + " does not name its op");
+  }
+  if (fp_keep_ && int64_t(fps_.size()) != ordinal_) fail("an op without a fingerprint");
 }
 
 // Every tensor's storage and op are in range, and it is its op's output and in its storage's list.

@@ -89,20 +89,20 @@ uint64_t Core::fingerprint(const std::vector<int>& inputs, const std::vector<int
   return h;
 }
 
-void Core::plan_point(const std::vector<int>& inputs, const std::vector<int64_t>& sizes,
-                      const std::vector<int>& alias_of, const std::vector<int>& inplace_of) {
+uint64_t Core::plan_point(const std::vector<int>& inputs, const std::vector<int64_t>& sizes,
+                          const std::vector<int>& alias_of, const std::vector<int>& inplace_of) {
   for (int t : inputs)  // (new_op reports a bad input with its own message)
-    if (t < 0 || t >= int(tensors_.size())) return;
+    if (t < 0 || t >= int(tensors_.size())) return 0;
   const uint64_t fp = fingerprint(inputs, sizes, alias_of, inplace_of);
-  if (fp_keep_) fps_.push_back(fp);
-  if (!following_) return;
+  if (!following_) return fp;
   const int64_t k = ordinal_;
   if (k >= int64_t(plan_.fingerprints.size()) || plan_.fingerprints[k] != fp) {
     following_ = false;
     plan_diverged_ = k;
-    return;
+    return fp;
   }
   follow_steps(k);
+  return fp;
 }
 
 void Core::follow_steps(int64_t k) {

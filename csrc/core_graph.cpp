@@ -100,11 +100,13 @@ std::vector<int> Core::call(const std::vector<int>& inputs, const std::vector<in
 
 int Core::begin_call(const std::vector<int>& inputs, const std::vector<int64_t>& sizes,
                      const std::vector<int>& alias_of, const std::vector<int>& inplace_of, double cost) {
-  if (fp_on_) plan_point(inputs, sizes, alias_of, inplace_of);  // Note [Following a plan] in core_follow.cpp
+  // Note [Following a plan] in core_follow.cpp: the plan's steps run first; the op then gets its ordinal.
+  const uint64_t fp = fp_on_ ? plan_point(inputs, sizes, alias_of, inplace_of) : 0;
   const int op_id = new_op(inputs, sizes, alias_of, cost);
   if (fp_on_) {
     ops_[op_id].ordinal = ordinal_++;
     plan_op_.push_back(op_id);
+    if (fp_keep_) fps_.push_back(fp);
   }
   Op& op = ops_[op_id];
   op.inplace_of.assign(sizes.size(), -1);

@@ -240,7 +240,7 @@ class Budget:
         self._base: Dict[str, float] = {}       # the counters when a nested block began
         self._saved: tuple = ()                 # the outer block's budget, thrash limit and peak
         # A budget with a plan is entered once per step (Note [Planned steps] in step_plans.py).
-        self._plans = StepPlans(policy, self.budget_bytes) if policy is not None and self.budget_bytes is not None else None
+        self._plans = None if policy is None or self.budget_bytes is None else StepPlans(policy, self.budget_bytes)
 
     @property
     def stats(self) -> dict:
@@ -255,7 +255,8 @@ class Budget:
         """With ``plan=``: each step's stats, with how it ran (``plan``: ``recorded``, ``planned``,
         ``diverged`` or ``online``), ``plan_ops`` (ops that matched the plan), ``plan_diverged_at`` (the
         first op that did not), ``planned_evictions`` and ``predicted_remat`` (the plan's recomputation, in
-        ``cost_unit``; compare ``remat_seconds`` and ``remat_compute``). Empty without ``plan=``."""
+        ``cost_unit``: compare ``remat_compute``; with measured costs also ``predicted_remat_seconds``:
+        compare ``remat_seconds``). Empty without ``plan=``."""
         return [dict(s) for s in self._plans.steps] if self._plans is not None else []
 
     @property

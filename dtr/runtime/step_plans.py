@@ -23,6 +23,8 @@ from dtr.sim.step_plan import AUTO, DEFAULT_PLANNER, StepPlan, load_step_plan, m
 
 __all__ = ["PlanPolicy", "StepPlans", "plan_policy", "BACKGROUNDS"]
 
+_SECONDS = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}  # a measured cost unit -> seconds
+
 #: How planning runs: in a process of its own (the default), a thread, or at the block's end.
 BACKGROUNDS = ("process", "thread", "inline")
 
@@ -240,7 +242,9 @@ class StepPlans:
         fields = {"plan": mode, "plan_signature": sig, "planner": plan.planner if plan else None,
                   "plan_ops": followed if plan else 0, "plan_diverged_at": diverged if plan and diverged >= 0 else None,
                   "planned_evictions": counters["planned_evictions"],
-                  "predicted_remat": plan.predicted_remat if plan else None}
+                  "predicted_remat": plan.predicted_remat if plan else None,
+                  "predicted_remat_seconds": plan.predicted_remat * _SECONDS[plan.cost_unit]
+                  if plan and plan.cost_unit in _SECONDS else None}
         self.seen[sig] += 1
         self._last = sig
         if mode == "planned" and plan is not None:
@@ -262,10 +266,12 @@ class StepPlans:
 
     def _check_drift(self, plan: StepPlan, stats: Dict[str, Any]) -> None:
         """Re-plan a signature whose measured recomputation keeps straying from the plan (Note [Planned steps])."""
-        if stats.get("cost_unit") != "s" or plan.predicted_remat <= 0:
+        unit = _SECONDS.get(plan.cost_unit)
+        if unit is None or plan.predicted_remat <= 0:
             return
+        predicted = plan.predicted_remat * unit
         measured = stats.get("remat_seconds", 0.0)
-        if abs(measured - plan.predicted_remat) > self.policy.drift * plan.predicted_remat:
+        if abs(measured - predicted) > self.policy.drift * predicted:
             self._drifted += 1
         else:
             self._drifted = 0
