@@ -12,6 +12,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import weakref
 from collections import Counter, OrderedDict
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Union
@@ -182,6 +183,8 @@ class StepPlans:
         self._last: Optional[str] = None
         self._job: Optional[_Job] = None
         self._dir = tempfile.mkdtemp(prefix="dtr-plans-")
+        self._procs: List[subprocess.Popen] = []  # (for the finalizer: it must not hold self)
+        self._finalize = weakref.finalize(self, _clean_up, self._dir, self._procs)
         self._current: Optional[StepPlan] = None
         self._recording: Optional[str] = None
         self._drifted = 0
@@ -258,6 +261,8 @@ class StepPlans:
             else:
                 self.tried.add(sig)
                 self._job = _Job(self.policy, self._recording, self.budget_bytes, self._dir)
+                if self._job.proc is not None:
+                    self._procs[:] = [self._job.proc]
                 if self.policy.background == "inline":
                     self._collect(wait=None)
             self._recording = None
@@ -305,17 +310,17 @@ class StepPlans:
             self.errors.append(f"no plan ({plan.status}): {plan.message}")
 
     def close(self) -> None:
-        """Stop a planning process still running and remove the work files."""
-        job, self._job = self._job, None
-        if job is not None and job.proc is not None and job.proc.poll() is None:
-            job.proc.kill()
-            job.proc.wait()
-        for name in os.listdir(self._dir) if os.path.isdir(self._dir) else ():
-            _remove(os.path.join(self._dir, name))
-        try:
-            os.rmdir(self._dir)
-        except OSError:
-            pass
+        """Stop a planning process still running and remove the work files (also when garbage-collected)."""
+        self._job = None
+        self._finalize()
+
+
+def _clean_up(workdir: str, procs: List[subprocess.Popen]) -> None:
+    for proc in procs:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    shutil.rmtree(workdir, ignore_errors=True)
 
 
 def _remove(path: str) -> None:

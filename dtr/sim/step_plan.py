@@ -204,7 +204,8 @@ def make_step_plan(log: Union[Log, str, os.PathLike], budget: int, planner: str 
         p = _candidate(log, g, pg, fps, name, int(budget), online, time_limit / len(names))
         if p.ok and (best is None or p.predicted_remat < best.predicted_remat):
             best = p
-        why.append(f"{name}: {p.status} ({p.message})" if len(names) > 1 else p.message)
+        msg = p.message if len(p.message) <= 300 else p.message[:297] + "..."
+        why.append(f"{name}: {p.status} ({msg})" if len(names) > 1 else p.message)
     if best is None:
         statuses = {w.split(":")[1].split("(")[0].strip() for w in why} if len(names) > 1 else set()
         status = "no gain" if len(names) > 1 else p.status

@@ -1,6 +1,8 @@
 """Planned steps: dtr.budget(B, plan=...) records a step, plans it, follows the plan exactly, falls back online."""
 from __future__ import annotations
 
+import gc
+import os
 import random
 
 import pytest
@@ -173,3 +175,15 @@ def test_plan_arguments_are_checked():
         with pytest.raises(NestingError, match="plan"):
             with dtr.budget("1GB", plan=True):
                 pass
+
+
+def test_a_dropped_budget_leaves_no_work_files():
+    m, x, step = _case("mlp")
+    mem = dtr.budget(budget_at(constant_bytes(m, x), peak_of(step), 0.5), plan=True, cost_model="flops")
+    with mem:
+        step()
+    workdir = mem._plans._dir
+    assert os.path.isdir(workdir)
+    del mem
+    gc.collect()
+    assert not os.path.exists(workdir)  # (and the planning process, if still running, was stopped)
