@@ -15,11 +15,14 @@ namespace dtr {
 //   step's ids are its own;
 // - each op's *fingerprint* is a hash of what begin_call is given: its
 //   inputs, each as the ordinal of its op and its output position, and its
-//   outputs' sizes, aliases and in-place writes (costs are left out: a
-//   measured time varies). The fingerprint is exactly what the plan depends
-//   on: an op that matches has the same place in the graph and allocates the
-//   same bytes. The runtime and a replay of its log make the same calls, so
-//   they fingerprint a step alike;
+//   outputs' sizes and aliases. Costs are left out (a measured time varies),
+//   and so are the new versions an in-place write makes: whether it makes
+//   one depends on what is pinned (a written constant keeps its buffer, and
+//   protecting one pins what was computed from it), which depends on the
+//   run's own evictions. What is left is what the plan depends on: an op
+//   that matches has the same place in the graph and allocates the same
+//   bytes. The runtime and a replay of its log make the same calls, so they
+//   fingerprint a step alike;
 // - at each begin_call (the start of every op, constants included), while
 //   the ops so far matched, the op's fingerprint is compared with the plan's
 //   at its ordinal. The first that differs, or an op past the plan's end,
@@ -80,11 +83,12 @@ uint64_t Core::fingerprint(const std::vector<int>& inputs, const std::vector<int
     h = mix(h, uint64_t(ops_[x.op].ordinal));
     h = mix(h, uint64_t(x.index));
   }
-  h = mix(h, sizes.size());
+  // (New versions of written inputs are left out: whether a write makes one depends on what is pinned,
+  // which depends on the run. Their storages' sizes follow from the inputs, and they come last.)
   for (size_t i = 0; i < sizes.size(); ++i) {
+    if (i < inplace_of.size() && inplace_of[i] >= 0) continue;
     h = mix(h, uint64_t(sizes[i]));
     h = mix(h, uint64_t(int64_t(i < alias_of.size() ? alias_of[i] : -1)));
-    h = mix(h, uint64_t(int64_t(i < inplace_of.size() ? inplace_of[i] : -1)));
   }
   return h;
 }
