@@ -264,7 +264,7 @@ def test_compiled_kernels_never_read_an_evicted_input():
 
     Stepping aside (``ignore_compile_internals``) would let inductor's fused
     kernel read an input dtr had evicted by raw pointer: this very program
-    crashed with a segmentation fault that way (docs/runtime-design.md,
+    crashed with a segmentation fault that way (docs/design.md,
     "torch.compile").
     """
     from dtr.runtime.entry import ModeEntry
