@@ -33,6 +33,9 @@ __all__ = ["StepPlan", "StepPlanError", "make_step_plan", "step_signature", "log
 #: ``auto``: each of AUTO_PLANNERS with a share of the time limit; the plan whose following recomputes least.
 AUTO = "auto"
 AUTO_PLANNERS = ("lookahead", "hierarchical")
+#: The replays that judge a plan (online DTR's, and the core following the plan) stop past this thrash limit
+#: (the runtime's default): a replay that thrashes counts as recomputing without end, and always ends.
+THRASH_LIMIT = 10.0
 #: The planner a plan uses unless told.
 DEFAULT_PLANNER = AUTO
 EVICT, RECOMPUTE = 0, 1
@@ -191,7 +194,8 @@ def make_step_plan(log: Union[Log, str, os.PathLike], budget: int, planner: str 
         log = read_log(log)
     fps = log_fingerprints(log)
     g = graph or graph_from_log(log)
-    online_raw = replay_program(log.program, get_heuristic("eqclass"), int(budget), semantics=log.semantics)
+    online_raw = replay_program(log.program, get_heuristic("eqclass"), int(budget), semantics=log.semantics,
+                                thrash_limit=THRASH_LIMIT)
     online = online_raw["remat_compute"] if online_raw["status"] == ReplayStatus.OK else math.inf
     args = (fps, planner, int(budget), online, g.base_compute, g.cost_unit)
     try:
@@ -233,6 +237,7 @@ def _candidate(log: Log, g: Graph, pg, fps: Sequence[int], planner: str, budget:
         p = StepPlan(tuple(fps), starts, steps, "ok", planner, budget, math.inf, online, g.base_compute, g.cost_unit,
                      res.message, res.solve_seconds)
         run = replay_program(log.program, get_heuristic("eqclass"), budget, semantics=log.semantics,
+                             thrash_limit=THRASH_LIMIT,
                              plan=p.follow_plan())
         if followed is None or _better(run, followed):
             plan, followed = p, run
