@@ -116,3 +116,14 @@ def test_replay_cli_follows_a_plan(tmp_path, capsys):
     assert "auto, chen" in capsys.readouterr().err
     assert main(["replay", str(UNET), "--plan", "lookahead"]) == 2
     assert "needs a --budget" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_a_log_online_dtr_thrashes_on_finishes_by_following_its_plan():
+    log = read_log(LOGS / "lstm.jsonl.gz")  # our LSTM at 50%: every DTR heuristic thrashes (benchmarks/PLANNERS.md)
+    b = int(baseline(log)["peak_memory"] * 0.5)
+    plan = make_step_plan(log, b, "lookahead", time_limit=20)
+    assert plan.ok and plan.online_remat == math.inf, plan.message
+    r = replay(log, "eqclass", b, plan=plan)  # (the default thrash limit: online alone stops)
+    assert r.status == "ok" and r.peak_bytes <= b and r.plan_diverged_at is None
+    assert r.remat_compute == plan.predicted_remat
