@@ -279,7 +279,7 @@ class Core {
   // condition, escaped memory); `why` says why, for an out-of-memory report
   // (one of Hold's pin reasons). Pinning twice is a no-op.
   void pin(int t, Hold why = Hold::Pinned);
-  // pin(t, why) for each of ts in order, as one materialization (Note [Planned
+  // pin(t, why) for each of ts, as one materialization (Note [Planned
   // recomputation] in core_materialize.cpp): what several of them need is
   // recomputed once.
   void pin_many(const std::vector<int>& ts, Hold why = Hold::Pinned);
@@ -382,6 +382,9 @@ class Core {
   int storage_root(int s) const { return storages_.at(s).root; }
 
  private:
+  // pin_many's attempts: require and lock each of `first`, then of `then`; the locks are given back at the end
+  // and on a failure (Note [The order of a bring-back] in core_materialize.cpp).
+  void bring_back(const std::vector<int>& first, const std::vector<int>& then, Hold why);
   struct Tensor {
     int storage, op, index;
     bool alias, defined = false;
@@ -414,6 +417,7 @@ class Core {
     bool handed = false;           // its bytes go to the in-place write being recomputed from it right now
     Hold pin_reason = Hold::Pinned;  // why it is pinned (while it is)
     int need = 0;                  // planned recomputations that will read it (Note [Planned recomputation])
+    int bringing = 0;              // pin_many's locks on it (Note [The order of a bring-back])
     double cost = 0;
     double last_access = -std::numeric_limits<double>::infinity();
     int pool_pos = -1;
@@ -450,6 +454,7 @@ class Core {
   std::vector<int> planned_ops_;
   int plan_depth_ = 0;
   int current_op_ = -1;         // the op of the begin_call in progress (for an out-of-memory report)
+  Hold bringing_why_ = Hold::Pinned;  // the reason pin_many() pins for, while it brings back
   // Following a plan (Note [Following a plan] in core_follow.cpp).
   FollowPlan plan_;
   bool fp_on_ = false;          // fingerprinting: ops get ordinals, plan_op_ maps them back

@@ -135,6 +135,7 @@ void Core::check_storages() const {
     if (s.locks < 0) fail(name + ": negative lock count");
     if (s.wanted != 0) fail(name + ": wanted by a materialization between instructions");
     if (s.need != 0) fail(name + ": needed by a plan between instructions (Note [Planned recomputation])");
+    if (s.bringing != 0) fail(name + ": locked by a bring-back between instructions (Note [The order of a bring-back])");
     if (s.pinned && (!s.resident || s.locks < 1)) fail(name + ": pinned but not resident and locked");
     if (cfg_.cost == CostMode::EqClass && !s.resident && !s.banished && s.uf < 0)
       fail(name + ": evicted storage without an eqclass node");

@@ -45,6 +45,7 @@ OutOfMemory Core::out_of_memory(int64_t bytes) const {
       continue;
     }
     Hold why = s.pinned ? s.pin_reason
+               : s.bringing > 0 ? bringing_why_  // (locked by pin_many until all are back)
                : (!input.empty() && input[sid]) ? Hold::Input
                : plan_depth_ > 0 ? Hold::Recompute : Hold::Locked;
     e.held.push_back(Held{sid, s.size, why, s.refs > 0});

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import pytest
 
+from dtr import _C
 from dtr.core import Core, InstrKind, ReplayStatus, TraceEvent, replay_program
 from dtr.errors import OutOfBudgetError
 from dtr.semantics import Semantics
@@ -578,3 +579,28 @@ def test_facade_forwards_nothing_it_does_not_name():
             getattr(c, name)
     with pytest.raises(AttributeError):  # a hook set here would be silently ignored: set_hooks sets them
         c.on_evict = print
+
+
+def test_a_bring_back_brings_the_largest_evicted_tensor_back_first():
+    # The program holds small (5 bytes, from a constant) and big (10 bytes, computed from tmp, 3 bytes, which
+    # the program dropped); a 16-byte allocation evicts both. Bringing both back within 16 bytes works only
+    # largest first: tmp 3 + big 10, then big 10 + small 5. In the given order small comes back first and
+    # tmp + big then need 5 + 3 + 10 = 18: that first attempt fails, and the second brings back largest first
+    # (small again: the failed attempt's locks were given back and it was evicted). The core's Note [The order
+    # of a bring-back]; the paper's UNet at the end of a block, issue 32. Both attempts are the core's, so a
+    # replay of the block brings back the same way.
+    c = Core("largest", budget=16)
+    w = c.constant(0)
+    (small,) = c.call([w], [5], [-1], 1.0)
+    (tmp,) = c.call([w], [3], [-1], 1.0)
+    (big,) = c.call([tmp], [10], [-1], 1.0)
+    c.release(tmp)
+    (y,) = c.call([w], [16], [-1], 1.0)
+    c.release(y)
+    assert not c.defined(small) and not c.defined(big)
+    seen = []
+    c.set_hooks(on_compute=lambda op, remat: seen.append(op))
+    c.pin_many([small, big], _C.Hold.OUTPUT)
+    c.check()
+    assert c.defined(small) and c.defined(big) and c.counters["memory"] == 15
+    assert seen == [c.op_of(small), c.op_of(tmp), c.op_of(big), c.op_of(small)]
