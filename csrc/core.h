@@ -385,6 +385,9 @@ class Core {
   // pin_many's attempts: require and lock each of `first`, then of `then`; the locks are given back at the end
   // and on a failure (Note [The order of a bring-back] in core_materialize.cpp).
   void bring_back(const std::vector<int>& first, const std::vector<int>& then, Hold why);
+  // begin_call, and constant() without an ordinal (ordinal = false): no plan point, no fingerprint.
+  int open_call(const std::vector<int>& inputs, const std::vector<int64_t>& sizes, const std::vector<int>& alias_of,
+                const std::vector<int>& inplace_of, double cost, bool ordinal);
   struct Tensor {
     int storage, op, index;
     bool alias, defined = false;

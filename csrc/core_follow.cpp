@@ -12,18 +12,25 @@ namespace dtr {
 //   began fingerprinting (set_plan, record_fingerprints, before the first
 //   op), and a storage by the ordinal of the op that allocates it and its
 //   output position. Ids cannot serve: compaction renumbers them, and a
-//   step's ids are its own;
+//   step's ids are its own. Constants get no ordinal: which storages from
+//   before the block a step declares, and when, is not its structure. The
+//   runtime declares at a block's first op every storage the program held at
+//   the end of earlier blocks (Note [Constants from earlier blocks] in
+//   dtr/runtime/driver.py), so one more loss kept by a trainer shifted every
+//   ordinal after it, and a Hugging Face Trainer's steps diverged at their
+//   first op every time an epoch began;
 // - each op's *fingerprint* is a hash of what begin_call is given: its
-//   inputs, each as the ordinal of its op and its output position, and its
-//   outputs' sizes and aliases. Costs are left out (a measured time varies),
-//   and so are the new versions an in-place write makes: whether it makes
+//   inputs, each as the ordinal of its op and its output position (a
+//   constant by its size), and its outputs' sizes and aliases. Costs are
+//   left out (a measured time varies), and so are the new versions an
+//   in-place write makes: whether it makes
 //   one depends on what is pinned (a written constant keeps its buffer, and
 //   protecting one pins what was computed from it), which depends on the
 //   run's own evictions. What is left is what the plan depends on: an op
 //   that matches has the same place in the graph and allocates the same
 //   bytes. The runtime and a replay of its log make the same calls, so they
 //   fingerprint a step alike;
-// - at each begin_call (the start of every op, constants included), while
+// - at each begin_call (the start of every op but a constant), while
 //   the ops so far matched, the op's fingerprint is compared with the plan's
 //   at its ordinal. The first that differs, or an op past the plan's end,
 //   ends the following for the rest of the core's life (plan_diverged_):
@@ -80,8 +87,9 @@ uint64_t Core::fingerprint(const std::vector<int>& inputs, const std::vector<int
   uint64_t h = mix(0, inputs.size());
   for (int t : inputs) {
     const Tensor& x = tensors_.at(t);
-    h = mix(h, uint64_t(ops_[x.op].ordinal));
-    h = mix(h, uint64_t(x.index));
+    const int64_t k = ops_[x.op].ordinal;  // (-1: a constant, named by its size)
+    h = mix(h, uint64_t(k));
+    h = mix(h, k >= 0 ? uint64_t(x.index) : uint64_t(storages_[x.storage].size));
   }
   // (New versions of written inputs are left out: whether a write makes one depends on what is pinned,
   // which depends on the run. Their storages' sizes follow from the inputs, and they come last.)

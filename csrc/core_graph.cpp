@@ -80,8 +80,11 @@ int Core::new_op(const std::vector<int>& inputs, const std::vector<int64_t>& siz
 }
 
 int Core::constant(int64_t size) {
-  std::vector<int> outs = call({}, {size}, {-1}, 0.0);
-  int t = outs[0];
+  // (no ordinal: which constants a step declares, and when, is not the step's structure; Note [Following a
+  // plan] in core_follow.cpp)
+  const int op_id = open_call({}, {size}, {-1}, {}, 0.0, /*ordinal=*/false);
+  end_call(op_id, 0.0);
+  int t = ops_[op_id].outputs[0];
   Storage& s = storages_[tensors_[t].storage];
   c_.constant_bytes += s.size;
   c_.base_ops -= 1;  // (call() counted it: a constant is not computed)
@@ -100,10 +103,17 @@ std::vector<int> Core::call(const std::vector<int>& inputs, const std::vector<in
 
 int Core::begin_call(const std::vector<int>& inputs, const std::vector<int64_t>& sizes,
                      const std::vector<int>& alias_of, const std::vector<int>& inplace_of, double cost) {
+  return open_call(inputs, sizes, alias_of, inplace_of, cost, /*ordinal=*/true);
+}
+
+int Core::open_call(const std::vector<int>& inputs, const std::vector<int64_t>& sizes,
+                    const std::vector<int>& alias_of, const std::vector<int>& inplace_of, double cost,
+                    bool ordinal) {
   // Note [Following a plan] in core_follow.cpp: the plan's steps run first; the op then gets its ordinal.
-  const uint64_t fp = fp_on_ ? plan_point(inputs, sizes, alias_of, inplace_of) : 0;
+  const bool fp_here = fp_on_ && ordinal;
+  const uint64_t fp = fp_here ? plan_point(inputs, sizes, alias_of, inplace_of) : 0;
   const int op_id = new_op(inputs, sizes, alias_of, cost);
-  if (fp_on_) {
+  if (fp_here) {
     ops_[op_id].ordinal = ordinal_++;
     plan_op_.push_back(op_id);
     if (fp_keep_) fps_.push_back(fp);

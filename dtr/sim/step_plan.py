@@ -337,11 +337,31 @@ def _plan_points(g: Graph, schedule: Sequence[Tuple[str, int]], hold_for_views: 
         if held:  # frees no early view waits for any more run before the next op
             pending.extend(step for waits, step in held if not waits & early)
             held = [(waits, step) for waits, step in held if waits & early]
+    return _by_ordinal(g, at)
+
+
+def _by_ordinal(g: Graph, at: Sequence[List[Tuple[int, int, int]]]
+                ) -> Tuple[Tuple[int, ...], Tuple[Tuple[int, int, int], ...]]:
+    """The steps attached to the graph's ops as the core numbers them: by ordinal, which constants do not get.
+
+    What was attached to a constant runs before the next op that has an ordinal (Note [Following a plan] in
+    csrc/core_follow.cpp).
+    """
+    ordinal = [-1] * g.num_ops
+    n = 0
+    for k in range(g.num_ops):
+        if g.op_kind[k] != "constant":
+            ordinal[k] = n
+            n += 1
     starts = [0]
     steps: List[Tuple[int, int, int]] = []
-    for point in at:
-        steps.extend(point)
-        starts.append(len(steps))
+    waiting: List[Tuple[int, int, int]] = []
+    for k, point in enumerate(at):
+        waiting.extend((kind, ordinal[op], i) for kind, op, i in point if ordinal[op] >= 0)
+        if ordinal[k] >= 0:
+            steps.extend(waiting)
+            waiting = []
+            starts.append(len(steps))
     return tuple(starts), tuple(steps)
 
 

@@ -1,6 +1,7 @@
 """Planned steps: dtr.budget(B, plan=...) records a step, plans it, follows the plan exactly, falls back online."""
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import random
@@ -9,7 +10,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 from support.models import TreeLSTM, cnn, mlp, random_tree
-from support.training import budget_at, constant_bytes, grads_of, peak_of
+from support.hf import hf_train
+from support.training import assert_same_state, budget_at, constant_bytes, grads_of, peak_of
 
 import dtr
 from dtr.errors import NestingError
@@ -187,3 +189,31 @@ def test_a_dropped_budget_leaves_no_work_files():
     del mem
     gc.collect()
     assert not os.path.exists(workdir)  # (and the planning process, if still running, was stopped)
+
+
+@pytest.mark.slow
+def test_huggingface_trainer_follows_its_plan_from_the_second_step(tmp_path):
+    # Trainer.train() for ten steps, each micro-batch's forward and backward in the same planned budget at
+    # half a step's tracked peak: the losses, weights and optimizer state are plain PyTorch's, and every step
+    # after the recorded first one follows the plan (the optimizer's step runs outside the block).
+    pytest.importorskip("accelerate")
+    transformers = pytest.importorskip("transformers")
+    transformers.logging.set_verbosity_error()
+    ref = hf_train(contextlib.nullcontext(), tmp_path, max_steps=10, optim="adamw_torch")
+    probes: list = []
+
+    def probe():
+        probes.append(dtr.budget(None, cost_model="flops"))
+        return probes[-1]
+
+    hf_train(contextlib.nullcontext(), tmp_path, step_ctx=probe, max_steps=1, optim="adamw_torch")
+    mem = dtr.budget(probes[0].stats["peak_bytes"] // 2, plan=INLINE, cost_model="flops")
+    out = hf_train(contextlib.nullcontext(), tmp_path, step_ctx=lambda: mem, max_steps=10, optim="adamw_torch")
+    assert out["losses"] == ref["losses"] and out["sched"] == ref["sched"]
+    assert_same_state(out["model"], ref["model"], out["opt"], ref["opt"])
+    modes = [s["plan"] for s in mem.step_stats]
+    assert modes == ["recorded"] + ["planned"] * 9, (modes, mem.plan_errors)
+    first, later = mem.step_stats[0], mem.step_stats[1:]
+    assert first["evictions"] > 0 and all(s["planned_evictions"] > 0 for s in later), mem.step_stats
+    assert all(s["peak_bytes"] <= mem.budget_bytes for s in mem.step_stats), mem.step_stats
+    assert all(s["plan_diverged_at"] is None and s["remat_compute"] == s["predicted_remat"] for s in later)

@@ -22,6 +22,8 @@ torch = pytest.importorskip("torch")
 from torch import nn  # noqa: E402
 
 import dtr  # noqa: E402
+from support.hf import hf_train  # noqa: E402
+from support.training import assert_same_state  # noqa: E402
 
 FRACTIONS = (0.7, 0.5)
 
@@ -39,26 +41,6 @@ def _one_thread():
 
 
 # --------------------------------------------------------------------- helpers
-
-
-def assert_same_state(model: nn.Module, ref: nn.Module, opt, ref_opt, what: str = "") -> None:
-    """Parameters, buffers and every optimizer state entry equal bit for bit."""
-    for (name, p), q in zip(model.named_parameters(), ref.parameters()):
-        assert torch.equal(p, q), f"{what}parameter {name} differs"
-    for (name, b), c in zip(model.named_buffers(), ref.buffers()):
-        assert torch.equal(b, c), f"{what}buffer {name} differs"
-    ps, qs = list(model.parameters()), list(ref.parameters())
-    assert len(opt.state) == len(ref_opt.state) > 0, what
-    for i, (p, q) in enumerate(zip(ps, qs)):
-        s, r = opt.state.get(p, {}), ref_opt.state.get(q, {})
-        assert s.keys() == r.keys(), f"{what}optimizer state keys of parameter {i}"
-        for k in s:
-            if isinstance(s[k], torch.Tensor):
-                assert s[k].dtype == r[k].dtype and torch.equal(s[k], r[k]), f"{what}optimizer {k} of parameter {i}"
-            else:
-                assert s[k] == r[k], f"{what}optimizer {k} of parameter {i}"
-    for g, h in zip(opt.param_groups, ref_opt.param_groups):
-        assert {k: v for k, v in g.items() if k != "params"} == {k: v for k, v in h.items() if k != "params"}, what
 
 
 def run_at_fractions(run: Callable[[contextlib.AbstractContextManager], Dict], check: Callable[[Dict, str], None]):
@@ -90,47 +72,6 @@ def run_at_fractions(run: Callable[[contextlib.AbstractContextManager], Dict], c
 
 
 # ------------------------------------------------------- Hugging Face Trainer
-
-
-def _hf_dataset(n: int = 32, seq: int = 64):
-    class RandomIds(torch.utils.data.Dataset):
-        def __init__(self):
-            g = torch.Generator().manual_seed(0)
-            self.ids = torch.randint(0, 128, (n, seq), generator=g)
-
-        def __len__(self):
-            return len(self.ids)
-
-        def __getitem__(self, i):
-            return {"input_ids": self.ids[i], "labels": self.ids[i]}
-
-    return RandomIds()
-
-
-def hf_train(ctx, tmp_path, **extra) -> Dict:
-    """Trainer.train() on a tiny GPT-2 inside ``ctx``; returns the model, optimizer, scheduler and losses."""
-    transformers = pytest.importorskip("transformers")
-    torch.manual_seed(0)
-    cfg = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=2, n_positions=64, vocab_size=128,
-                                  bos_token_id=0, eos_token_id=0)
-    model = transformers.GPT2LMHeadModel(cfg)
-    losses: List[float] = []
-
-    class RecordingTrainer(transformers.Trainer):
-        def compute_loss(self, *args, **kwargs):
-            loss = super().compute_loss(*args, **kwargs)
-            losses.append(float(loss.detach()))  # what a logging callback would read
-            return loss
-
-    args = transformers.TrainingArguments(
-        output_dir=str(tmp_path), max_steps=3, per_device_train_batch_size=8, use_cpu=True, report_to=[],
-        save_strategy="no", logging_strategy="no", seed=0, dataloader_num_workers=0, disable_tqdm=True, **extra)
-    trainer = RecordingTrainer(model=model, args=args, train_dataset=_hf_dataset())
-    with ctx:
-        result = trainer.train()
-    opt = getattr(trainer.optimizer, "optimizer", trainer.optimizer)  # accelerate's wrapper holds the real one
-    return dict(model=model, opt=opt, sched=trainer.lr_scheduler.state_dict(), losses=losses,
-                train_loss=result.training_loss, global_step=trainer.state.global_step)
 
 
 @pytest.mark.parametrize("extra", [

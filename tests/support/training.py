@@ -74,3 +74,23 @@ def assert_same_grads(model: nn.Module, ref: nn.Module) -> None:
             assert torch.equal(p.grad, q.grad), f"gradient of {name} differs"
     for b, c in zip(model.buffers(), ref.buffers()):
         assert torch.equal(b, c)
+
+
+def assert_same_state(model: nn.Module, ref: nn.Module, opt, ref_opt, what: str = "") -> None:
+    """Parameters, buffers and every optimizer state entry equal bit for bit."""
+    for (name, p), q in zip(model.named_parameters(), ref.parameters()):
+        assert torch.equal(p, q), f"{what}parameter {name} differs"
+    for (name, b), c in zip(model.named_buffers(), ref.buffers()):
+        assert torch.equal(b, c), f"{what}buffer {name} differs"
+    ps, qs = list(model.parameters()), list(ref.parameters())
+    assert len(opt.state) == len(ref_opt.state) > 0, what
+    for i, (p, q) in enumerate(zip(ps, qs)):
+        s, r = opt.state.get(p, {}), ref_opt.state.get(q, {})
+        assert s.keys() == r.keys(), f"{what}optimizer state keys of parameter {i}"
+        for k in s:
+            if isinstance(s[k], torch.Tensor):
+                assert s[k].dtype == r[k].dtype and torch.equal(s[k], r[k]), f"{what}optimizer {k} of parameter {i}"
+            else:
+                assert s[k] == r[k], f"{what}optimizer {k} of parameter {i}"
+    for g, h in zip(opt.param_groups, ref_opt.param_groups):
+        assert {k: v for k, v in g.items() if k != "params"} == {k: v for k, v in h.items() if k != "params"}, what
