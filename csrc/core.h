@@ -385,6 +385,8 @@ class Core {
   // pin_many's attempts: require and lock each of `first`, then of `then`; the locks are given back at the end
   // and on a failure (Note [The order of a bring-back] in core_materialize.cpp).
   void bring_back(const std::vector<int>& first, const std::vector<int>& then, Hold why);
+  // Whether t and what its recomputation needs can be recomputed (Note [Following a plan] in core_follow.cpp).
+  bool recomputable(int t) const;
   // begin_call, and constant() without an ordinal (ordinal = false): no plan point, no fingerprint.
   int open_call(const std::vector<int>& inputs, const std::vector<int64_t>& sizes, const std::vector<int>& alias_of,
                 const std::vector<int>& inplace_of, double cost, bool ordinal);

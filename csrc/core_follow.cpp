@@ -38,8 +38,9 @@ namespace dtr {
 // - while it matches, the plan's steps at that ordinal run before the op is
 //   created: "evict" evicts the named storage if it is resident and
 //   evictable now (in the pool: not locked, not pinned), "recompute"
-//   materializes the named op's undefined outputs on a storage that is still
-//   needed (neither collected nor banished). A step that names what the run
+//   materializes the named op's undefined outputs if they can be recomputed
+//   (recomputable(): nothing their recomputation needs is collected or
+//   banished, as a constant the program dropped). A step that names what the run
 //   does not have (an op dropped by compact, a storage the program freed)
 //   is skipped. Then the op runs as any op does: its inputs are brought back
 //   on demand and room is made by the heuristic wherever the plan's
@@ -134,13 +135,36 @@ void Core::follow_steps(int64_t k) {
     const std::vector<int> outs = o.outputs;  // (materialize may move ops_'s elements: no reference kept)
     for (int t : outs) {
       if (tensors_[t].defined) continue;
-      const Storage& s = storages_[tensors_[t].storage];
-      if (s.collected || s.banished) continue;
+      if (!recomputable(t)) continue;
       materialize(t, /*remat=*/true);
       c_.planned_remats += 1;
       break;  // (one recomputation of the op defines all its outputs)
     }
   }
+}
+
+// Whether t can be recomputed now: it, and every undefined tensor its recomputation needs, is made by an
+// op that can still run (not collected) on a storage that is not banished (nor collected). A plan may name an
+// op whose output the run no longer needs: what it reads may be gone (a dropped constant that was freed, an
+// op collected since). Only such a plan step asks; the walk is over what the recomputation would run.
+bool Core::recomputable(int t0) const {
+  std::vector<int> stack{t0};
+  std::vector<int> seen;
+  while (!stack.empty()) {
+    const int t = stack.back();
+    stack.pop_back();
+    const int op_id = tensors_[t].op;
+    if (std::find(seen.begin(), seen.end(), op_id) != seen.end()) continue;
+    seen.push_back(op_id);
+    const Op& op = ops_[op_id];
+    const Storage& s = storages_[tensors_[t].storage];
+    if (op.collected || s.collected || s.banished) return false;
+    for (int p : op.inputs) {
+      if (p < 0) return false;
+      if (!tensors_[p].defined) stack.push_back(p);
+    }
+  }
+  return true;
 }
 
 }  // namespace dtr

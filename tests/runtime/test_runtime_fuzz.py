@@ -33,6 +33,9 @@ from support.random_programs import (  # noqa: E402
 )
 
 import dtr  # noqa: E402
+from dtr.runtime.step_plans import PlanPolicy  # noqa: E402
+from dtr.sim import read_log  # noqa: E402
+from dtr.sim.replay import replay  # noqa: E402
 
 SEEDS = range(48)
 FRACTIONS = (0.6, 0.35, 0.2)
@@ -132,6 +135,52 @@ def test_random_programs_over_training_steps_are_exact(one_with):
                 assert_equal(g, w, f"seed {100 + seed} at {f:.0%}, step {k}")
             recomputing += sum(b.stats["remats"] > 0 for b in blocks) > 0
     assert recomputing >= 8, (recomputing, infeasible)
+
+
+@pytest.mark.slow
+def test_random_programs_follow_their_plans_exactly(tmp_path):
+    """Four training steps in one planned budget (dtr.budget(B, plan=...)): every step exact, and the last
+    planned step replays with its plan to its own evictions and recomputations (record -> replay equality)."""
+    policy = PlanPolicy(background="inline", time_limit=5)
+    planned = diverged = infeasible = 0
+    for seed in range(16):
+        p = generate(100 + seed)
+        try:
+            want = run_steps(p, steps=4)
+        except RuntimeError:  # (valid for one step; a write that gives an input autograd history is not for four)
+            continue
+        blocks = []
+
+        def tracked(blocks=blocks):
+            blocks.append(dtr.budget(None, cost_model="flops"))
+            return blocks[-1]
+        run_steps(p, steps=4, per_step=tracked)
+        peak = max(b.stats["peak_bytes"] for b in blocks)
+        const = leaf_and_grad_bytes(p)
+        for f in (0.5, 0.25):
+            limit = int(const + f * max(peak - const, 0))
+            log = tmp_path / f"{seed}-{f}.jsonl"
+            mem = dtr.budget(limit, plan=policy, cost_model="flops", log=log)
+            try:
+                got = run_steps(p, steps=4, per_step=lambda mem=mem: mem, check=mem._check)
+            except (dtr.OutOfBudgetError, dtr.ThrashingError):
+                infeasible += 1
+                continue
+            finally:
+                mem.close()
+            for k, (g, w) in enumerate(zip(got, want)):
+                assert_equal(g, w, f"seed {100 + seed} at {f:.0%}, planned, step {k}")
+            modes = [st["plan"] for st in mem.step_stats]
+            assert modes[0] == "recorded", modes
+            diverged += "diverged" in modes
+            last = mem.step_stats[-1]
+            if last["plan"] != "planned":
+                continue
+            planned += 1
+            r = replay(read_log(log), "eqclass", limit, thrash_limit=float("inf"), plan=mem.plans[last["plan_signature"]])
+            assert (r.status, r.evictions, r.planned_evictions, r.remats, r.remat_compute) == \
+                ("ok", last["evictions"], last["planned_evictions"], last["remats"], last["remat_compute"]), seed
+    assert planned >= 4, (planned, diverged, infeasible)
 
 
 REGRESSIONS = DATA / "random_program_regressions.json"
