@@ -172,3 +172,35 @@ class TreeLSTM(nn.Module):
 
     def forward(self, x, trees: Sequence[Tree]):  # x: (leaves, B, inp)
         return sum(self.head(self.encode(x, t)[0]) for t in trees)
+
+
+class _DoubleConv(nn.Sequential):
+    def __init__(self, cin: int, cout: int, mid: int = 0):
+        mid = mid or cout
+        super().__init__(nn.Conv2d(cin, mid, 3, padding=1, bias=False), nn.BatchNorm2d(mid), nn.ReLU(inplace=True),
+                         nn.Conv2d(mid, cout, 3, padding=1, bias=False), nn.BatchNorm2d(cout), nn.ReLU(inplace=True))
+
+
+class PaperUNet(nn.Module):
+    """The U-Net of the DTR paper's artifact (bilinear upsampling, widths 64 to 512; 17M parameters).
+
+    As the widely used PyTorch U-Net it follows: double 3x3 convolutions with BatchNorm, four max-pool
+    downsamplings, bilinear upsamplings concatenated with the skips.
+    """
+
+    def __init__(self, channels: int = 3, classes: int = 2):
+        super().__init__()
+        self.inc = _DoubleConv(channels, 64)
+        self.down = nn.ModuleList(_DoubleConv(a, b) for a, b in ((64, 128), (128, 256), (256, 512), (512, 512)))
+        self.up = nn.ModuleList(_DoubleConv(a, b, a // 2) for a, b in ((1024, 256), (512, 128), (256, 64), (128, 64)))
+        self.out = nn.Conv2d(64, classes, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        skips = [self.inc(x)]
+        for down in self.down:
+            skips.append(down(F.max_pool2d(skips[-1], 2)))
+        x = skips.pop()
+        for up in self.up:
+            x = F.interpolate(x, scale_factor=2, mode="bilinear", align_corners=True)
+            x = up(torch.cat([skips.pop(), x], 1))
+        return self.out(x)
