@@ -177,7 +177,8 @@ def test_random_programs_follow_their_plans_exactly(tmp_path):
             if last["plan"] != "planned":
                 continue
             planned += 1
-            r = replay(read_log(log), "eqclass", limit, thrash_limit=float("inf"), plan=mem.plans[last["plan_signature"]])
+            plan = mem.plans[last["plan_signature"]]
+            r = replay(read_log(log), "eqclass", limit, thrash_limit=float("inf"), plan=plan)
             assert (r.status, r.evictions, r.planned_evictions, r.remats, r.remat_compute) == \
                 ("ok", last["evictions"], last["planned_evictions"], last["remats"], last["remat_compute"]), seed
     assert planned >= 4, (planned, diverged, infeasible)

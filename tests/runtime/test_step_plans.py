@@ -9,8 +9,8 @@ import random
 import pytest
 import torch
 import torch.nn.functional as F
-from support.models import TreeLSTM, cnn, mlp, random_tree
 from support.hf import hf_train
+from support.models import TreeLSTM, cnn, mlp, random_tree
 from support.training import assert_same_state, budget_at, constant_bytes, grads_of, peak_of
 
 import dtr

@@ -19,11 +19,11 @@ from typing import Callable, Dict, List
 import pytest
 
 torch = pytest.importorskip("torch")
+from support.hf import hf_train  # noqa: E402
+from support.training import assert_same_state  # noqa: E402
 from torch import nn  # noqa: E402
 
 import dtr  # noqa: E402
-from support.hf import hf_train  # noqa: E402
-from support.training import assert_same_state  # noqa: E402
 
 FRACTIONS = (0.7, 0.5)
 
