@@ -1,11 +1,14 @@
 """Planned steps against online DTR: the same budget, steps planned with the future known or decided online.
 
 Usage:
-    python benchmarks/bench_planned_steps.py [--rounds 7] [--models gpt,cnn,treelstm,mlp] [--fracs 0.5,0.3]
+    python benchmarks/bench_planned_steps.py [--rounds 7] [--models gpt,cnn,treelstm,treelstm-new,mlp]
+                                             [--fracs 0.5,0.3]
                                              [--out BENCHMARKS.md]
 
 For each model (bench_runtime.py's GPT, CNN and TreeLSTM at their small
-sizes, and an MLP of Linear-ReLU-Dropout layers) and each budget
+sizes; ``treelstm-new``, the TreeLSTM over a new random tree every step, so
+that no step matches a plan; and an MLP of Linear-ReLU-Dropout layers) and
+each budget
 ``C + f * P`` (C: what exists before the step, P: dtr's own peak above it
 with no limit), two budgets run in one process, one thread:
 
@@ -28,6 +31,7 @@ import pathlib
 import random
 import statistics
 import sys
+import time
 from typing import Dict, List, Optional
 
 import torch
@@ -51,18 +55,34 @@ def _mlp():
 
 
 def _build(name: str):
+    """``(model, inputs, loss_fn, new_step)``: ``new_step(i)`` sets what step ``i`` runs on (the tree)."""
     if name == "mlp":
-        return _mlp()
+        return (*_mlp(), lambda i: None)
     torch.manual_seed(0)
-    return bench_runtime.build(name, bench_runtime.SIZES[name][1])
+    if name != "treelstm-new":
+        return (*bench_runtime.build(name, bench_runtime.SIZES[name][1]), lambda i: None)
+    cfg = bench_runtime.SIZES["treelstm"][1]
+    model, inputs, _ = bench_runtime.build("treelstm", cfg)
+    rng = random.Random(2)
+    trees = [bench_runtime.random_tree(0, cfg["leaves"], rng) for _ in range(64)]
+    now = [trees[0]]
+
+    def new_step(i: int) -> None:
+        now[0] = trees[i % len(trees)]
+
+    def loss_fn(m, tokens, y, checkpoint=False):
+        return torch.nn.functional.cross_entropy(m(now[0], tokens), y)
+    return model, inputs, loss_fn, new_step
 
 
 def run(name: str, frac: float, rounds: int, seed: int) -> Dict[str, object]:
     """One model at one budget: the report's row."""
-    model, inputs, loss_fn = _build(name)
+    model, inputs, loss_fn, new_step = _build(name)
     params = list(model.parameters())
+    steps = [0]
 
     def step(ctx=None):
+        new_step(steps[0])
         model.zero_grad(set_to_none=True)
         torch.manual_seed(100)
         if ctx is None:
@@ -74,8 +94,15 @@ def run(name: str, frac: float, rounds: int, seed: int) -> Dict[str, object]:
             loss.backward()
         return ctx.stats
 
-    step()
-    want = [p.grad.clone() for p in params]
+    wants: Dict[int, List[torch.Tensor]] = {}
+
+    def want() -> List[torch.Tensor]:  # plain PyTorch's gradients for the step about to run (outside the timing)
+        if steps[0] not in wants:
+            step()
+            wants[steps[0]] = [p.grad.clone() for p in params]
+        return wants[steps[0]]
+
+    want()
     with dtr.budget(None) as b0:
         step_body = loss_fn(model, *inputs)
         step_body.backward()
@@ -85,6 +112,7 @@ def run(name: str, frac: float, rounds: int, seed: int) -> Dict[str, object]:
     warm = 0
     while warm < 6:
         warm += 1
+        steps[0] += 1
         s = step(planned)
         if s["plan"] == "planned" or (warm >= 3 and not planned.plans):
             break
@@ -92,17 +120,18 @@ def run(name: str, frac: float, rounds: int, seed: int) -> Dict[str, object]:
     stats: Dict[str, List[dict]] = {"online": [], "planned": []}
     exact = {"online": True, "planned": True}
     rng = random.Random(seed)
-    import time
     for _ in range(rounds):
+        steps[0] += 1  # (both variants run the same step: one tree per round for treelstm-new)
         order = ["online", "planned"]
         rng.shuffle(order)
         for v in order:
+            w = want()
             ctx = planned if v == "planned" else dtr.budget(limit)
             t = time.perf_counter()
             st = step(ctx)
             times[v].append(time.perf_counter() - t)
             stats[v].append(st)
-            exact[v] = exact[v] and all(torch.equal(p.grad, w) for p, w in zip(params, want))
+            exact[v] = exact[v] and all(torch.equal(p.grad, g) for p, g in zip(params, w))
     ratios = [p / o for p, o in zip(times["planned"], times["online"])]
     med = statistics.median
     planned.close()
@@ -140,7 +169,7 @@ def render(rows: List[dict], rounds: int) -> str:
 def main(argv: Optional[List[str]] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=7)
-    ap.add_argument("--models", default="gpt,cnn,treelstm,mlp")
+    ap.add_argument("--models", default="gpt,cnn,treelstm,treelstm-new,mlp")
     ap.add_argument("--fracs", default="0.5,0.3")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default=None, help="write the report as a section of this Markdown file")

@@ -189,12 +189,6 @@ def build(name: str, cfg: dict):
                 h, _ = self.rec(tree, tokens)
                 return self.out(h)
 
-        def random_tree(lo, hi, rng):  # a random binary bracketing of leaves lo..hi-1 (data-dependent shape)
-            if hi - lo == 1:
-                return lo
-            k = rng.randint(lo + 1, hi - 1)
-            return (random_tree(lo, k, rng), random_tree(k, hi, rng))
-
         model = TreeLSTM()
         rng = random.Random(1)
         tree = random_tree(0, cfg["leaves"], rng)
@@ -206,6 +200,14 @@ def build(name: str, cfg: dict):
             return F.cross_entropy(m(tree, tokens), y)
         return model, (tokens, y), loss_fn
     raise ValueError(name)
+
+
+def random_tree(lo: int, hi: int, rng: random.Random):
+    """A random binary bracketing of leaves lo..hi-1, as nested pairs (the TreeLSTM's data-dependent shape)."""
+    if hi - lo == 1:
+        return lo
+    k = rng.randint(lo + 1, hi - 1)
+    return (random_tree(lo, k, rng), random_tree(k, hi, rng))
 
 
 # --------------------------------------------------------------------------- worker
