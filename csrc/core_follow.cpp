@@ -1,4 +1,6 @@
 // core_follow.cpp - following a plan made with the whole step known: fingerprints, plan points, divergence.
+#include <unordered_set>
+
 #include "core_internal.h"
 
 namespace dtr {
@@ -149,13 +151,12 @@ void Core::follow_steps(int64_t k) {
 // op collected since). Only such a plan step asks; the walk is over what the recomputation would run.
 bool Core::recomputable(int t0) const {
   std::vector<int> stack{t0};
-  std::vector<int> seen;
+  std::unordered_set<int> seen;  // ops walked (a recomputation's chain can be thousands of ops long)
   while (!stack.empty()) {
     const int t = stack.back();
     stack.pop_back();
     const int op_id = tensors_[t].op;
-    if (std::find(seen.begin(), seen.end(), op_id) != seen.end()) continue;
-    seen.push_back(op_id);
+    if (!seen.insert(op_id).second) continue;
     const Op& op = ops_[op_id];
     const Storage& s = storages_[tensors_[t].storage];
     if (op.collected || s.collected || s.banished) return false;

@@ -37,7 +37,7 @@ void Core::pin_many(const std::vector<int>& ts, Hold why) {
     });
     std::vector<int> first;
     for (int t : ts)
-      if (std::find(evicted.begin(), evicted.end(), t) == evicted.end()) first.push_back(t);
+      if (!contains(evicted, t)) first.push_back(t);
     bring_back(first, evicted, why);
   }
   for (int t : ts) pin(t, why);  // (all resident now: pinning recomputes nothing)
