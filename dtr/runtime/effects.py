@@ -11,8 +11,8 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-__all__ = ["REBINDS", "RESIZES", "SEEDED", "has_hidden_writes", "may_write", "native_op_info", "overwrites_self",
-           "register_writes", "schema_writes", "written_args"]
+__all__ = ["COLLECTIVE_NAMESPACES", "REBINDS", "RESIZES", "SEEDED", "has_hidden_writes", "is_collective", "may_write",
+           "native_op_info", "overwrites_self", "register_writes", "schema_writes", "written_args"]
 
 _generation = 0  # how many times rules were registered
 # op overload packet name -> f(args, kwargs) -> positions of written tensor args
@@ -105,12 +105,22 @@ RESIZES = frozenset(("aten::resize_", "aten::resize_as_", "aten::resize_as_spars
 SEEDED = torch.Tag.nondeterministic_seeded
 
 
+#: Namespaces of collective communication ops (Note [Collectives] in dtr/runtime/reference.py).
+COLLECTIVE_NAMESPACES = frozenset({"c10d", "_c10d_functional", "c10d_functional", "_c10d_functional_autograd"})
+
+
+def is_collective(func: Any) -> bool:
+    """Whether ``func`` is a collective (``c10d::allreduce_``, ``_c10d_functional::all_reduce``, ...)."""
+    return getattr(func, "namespace", None) in COLLECTIVE_NAMESPACES
+
+
 def native_op_info(func: Any) -> Tuple[bool, bool, str, Any, bool]:
     """How the native per-op path may take ``func``: (whether it may run it, whether it is random, its name in
     logs, what to call, whether it may run it as an in-place op on its first argument).
 
     The native path runs ops that write nothing (no declared or hidden write:
-    see effects.may_write) and are not aten::set_; and in-place ops whose one
+    see effects.may_write) and are neither aten::set_ nor collectives (Note [Collectives]
+    in reference.py); and in-place ops whose one
     write, declared by the schema, is their first argument, a single tensor
     that they return (``add_``, ``mul_``, ...), when that is neither random,
     nor a fill (Note [Adopting recomputed bytes] in recompute.py), nor a change of metadata
@@ -128,4 +138,5 @@ def native_op_info(func: Any) -> Tuple[bool, bool, str, Any, bool]:
                and torch.Tag.inplace_view not in func.tags and len(schema.returns) == 1
                and schema.returns[0].alias_info is not None and schema.returns[0].alias_info.is_write
                and isinstance(schema.arguments[0].type, torch.TensorType))
-    return (func not in REBINDS and not may_write(func), seeded, schema.name.split("::")[-1], call, inplace)
+    takes = func not in REBINDS and not may_write(func) and not is_collective(func)
+    return (takes, seeded, schema.name.split("::")[-1], call, inplace)

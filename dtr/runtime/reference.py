@@ -16,7 +16,7 @@ import torch
 from dtr.core import Core, Hold
 from dtr.runtime import limits
 from dtr.runtime.costs import CostModel
-from dtr.runtime.effects import REBINDS, SEEDED, written_args
+from dtr.runtime.effects import REBINDS, SEEDED, is_collective, written_args
 from dtr.runtime.layouts import opaque_keys, view_positions
 from dtr.runtime.liveness import Liveness
 from dtr.runtime.prediction import Prediction, PredictionCache
@@ -123,6 +123,15 @@ class ReferencePath:
         if self.timer.pending:  # costs measured on the device since the last op
             self.timer.poll()
         ins = [self._track(leaves[i]) for i in tpos]
+        collective = is_collective(func)
+        if collective:  # see Note [Collectives]
+            self._pin_for_collective(ins)
+            if not self._written_leaves(func, args, kwargs, leaves):
+                out = func(*args, **kwargs)
+                for o in tree_flatten(out)[0]:
+                    if self._trackable(o):
+                        self._track(o)  # the backend's memory: a constant from now on
+                return out
 
         # Written tensors: their leaf positions, split into versions and constants.
         plain_writes, const_writes = [], []
@@ -134,7 +143,10 @@ class ReferencePath:
         sig = (func, layouts)
         pred = self.predictions.of_op(func, leaves, spec, sig)
         if pred.sizes is None:  # no meta kernel: run it first, account for it after
-            return self._run_unpredicted(_Call(func, leaves, spec, tpos, ins), args, kwargs)
+            out = self._run_unpredicted(_Call(func, leaves, spec, tpos, ins), args, kwargs)
+            if collective:
+                self._pin_for_collective(self._versions_of(out))
+            return out
         sizes = list(pred.sizes)
         need = core.memory + sum(sizes)
         if self.liveness.due(self.ops_seen, need) or (core.budget >= 0 and need > core.budget) \
@@ -177,7 +189,47 @@ class ReferencePath:
         self._commit(_Call(func, leaves, spec, tpos, ins, rng), op, flat_out, sizes, pred.owning, cost,
                      plain_writes, const_writes, None if pending is None else (pending, sig),
                      None if plain_writes or const_writes else layouts)
+        if collective:
+            self._pin_for_collective(self._versions_of(flat_out))
         return out
+
+    # Note [Collectives]
+    # A collective (c10d::allreduce_, broadcast_, allgather_, ...; the
+    # functional _c10d_functional::all_reduce) hands its tensors' memory to a
+    # communication backend, which reads and writes it on a thread of its own
+    # after the op returned, until the program waits for the work; and running
+    # it again needs every other rank to run it again too. So before it runs,
+    # its tensor arguments are brought back and pinned (as escaped memory is:
+    # Note [Escaped memory] in escapes.py), which makes its writes land in those
+    # pinned storages, and its tensor outputs are pinned after it: nothing it
+    # touches is ever evicted, and it is never recomputed. A collective that
+    # writes no argument (the functional ones, wait_tensor, the wrapping into
+    # an AsyncCollectiveTensor, a wrapper subclass with no storage of its own)
+    # is not an op of the core at all: its outputs are the backend's memory,
+    # constants from then on, like tensors from before the block. Before this, DDP's
+    # gradient buckets, which DDP allocates again inside the second step's block
+    # (it rebuilds them after the first iteration), were evicted while gloo was
+    # still writing them: the heap was corrupted, and the process crashed.
+    # Recomputing an evicted bucket would have run an all-reduce on one rank
+    # alone, which waits for the others forever.
+    def _pin_for_collective(self, ts: Iterable[int]) -> None:
+        """Bring back and pin versions ``ts`` for a collective (Note [Collectives])."""
+        core = self.core
+        ts = list(ts)
+        if not all(map(core.defined, ts)):
+            self.poll()  # (bringing back must not read a storage just dropped)
+        for t in ts:
+            if not core.pinned(core.storage_of(t)):
+                if self.recorder is not None:
+                    self.recorder.pin(self.table.handle[t])
+                core.pin(t, Hold.ESCAPED)
+
+    def _versions_of(self, out: Any) -> List[int]:
+        """The versions of the tracked tensors in ``out`` (an op's output, or its flattened leaves)."""
+        flat = out if isinstance(out, list) else tree_flatten(out)[0]
+        version = self.table.version
+        return [version[_storage(x)._cdata] for x in flat
+                if isinstance(x, torch.Tensor) and self._trackable(x) and _storage(x)._cdata in version]
 
     def _native_predict(self, func, args, kwargs) -> Tuple[list, Any, Tuple[Any, ...], Prediction]:
         """For the native path, on first sight of a signature: (leaves, spec, layouts, prediction)."""

@@ -1,10 +1,12 @@
 """DistributedDataParallel (gloo, 2 processes on this machine) with each rank inside dtr.budget.
 
-Each rank trains 2 steps of a small MLP on its half of the batch at a budget that
-forces evictions; the all-reduced gradients and updated parameters must equal a
+Each rank trains STEPS steps of a small MLP on its half of the batch at a budget
+that forces evictions; the all-reduced gradients and updated parameters must equal a
 single-process plain reference on the same data split (the mean of the two
 halves' gradients, computed without DDP and without dtr) within float tolerance
-of the all-reduce sum order, and bit for bit a DDP run without dtr.
+of the all-reduce sum order, and bit for bit a DDP run without dtr. With ``plan``,
+each rank reuses one planned budget for every step (``dtr.budget(B, plan=...)``):
+it records, plans and follows its own plan, the all-reduce inside its steps.
 """
 from __future__ import annotations
 
@@ -32,18 +34,24 @@ WORKER = textwrap.dedent("""
     from support.models import mlp
     from support.training import budget_at, constant_bytes
 
-    rank, world, use_dtr, out = int(sys.argv[1]), 2, sys.argv[2] == "dtr", sys.argv[3]
+    from dtr.runtime.step_plans import PlanPolicy
+
+    rank, world, mode, out = int(sys.argv[1]), 2, sys.argv[2], sys.argv[3]
+    steps, width, depth, FRACTION = int(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6]), float(sys.argv[7])
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world)
     torch.manual_seed(0)
-    model = mlp(width=64, depth=3, p=0.1)
-    data = [(torch.randn(512, 64), torch.randint(0, 10, (512,))) for _ in range(2)]
-    shard = [(x.chunk(world)[rank], y.chunk(world)[rank]) for x, y in data]
+    model = mlp(width=width, depth=depth, p=0.1)
+
+    def shard_of(k):  # each step's batch is made when it runs: the program holds no later batch
+        g = torch.Generator().manual_seed(1000 + k)
+        x, y = torch.randn(512, width, generator=g), torch.randint(0, 10, (512,), generator=g)
+        return x.chunk(world)[rank], y.chunk(world)[rank]
+
     ddp = DDP(model, broadcast_buffers=False)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
 
-    def step(k):
-        x, y = shard[k]
+    def step(k, x, y):
         torch.manual_seed(10 + 100 * rank + k)
         opt.zero_grad(set_to_none=True)
         loss = F.cross_entropy(ddp(x), y)
@@ -52,27 +60,38 @@ WORKER = textwrap.dedent("""
         opt.step()
         return loss.detach(), grads
 
-    # The budget: half of one step's activations above constants, grads (and DDP's buckets).
+    # The budget: a share of one step's activations above constants, grads (and DDP's buckets).
     grads_bytes = sum(p.numel() * 4 for p in model.parameters())
-    const = constant_bytes(model, *[t for xy in shard for t in xy]) + 2 * grads_bytes
+    const = constant_bytes(model, *shard_of(0)) + 2 * grads_bytes
     result = dict(losses=[], grads=[], stats=[])
-    for k in range(2):
-        if use_dtr:
-            with dtr.budget(None, cost_model="flops") as probe:  # the plain step's peak, on a copy
-                m2 = copy.deepcopy(model)
-                torch.manual_seed(10 + 100 * rank + k)
-                F.cross_entropy(m2(shard[k][0]), shard[k][1]).backward()
-            limit = budget_at(const, probe.stats["peak_bytes"], 0.5)
-            with dtr.budget(limit, cost_model="flops") as b:
-                loss, grads = step(k)
+    planned = None
+    for k in range(steps):
+        x, y = shard_of(k)
+        if mode == "plain":
+            loss, grads = step(k, x, y)
+        elif mode == "plan" and k == 0:  # a first step with no limit: its peak sets one budget for the rest
+            with dtr.budget(None, cost_model="flops") as probe:
+                loss, grads = step(k, x, y)
+            limit = budget_at(const, probe.stats["peak_bytes"], FRACTION)
+            planned = dtr.budget(limit, cost_model="flops", plan=PlanPolicy(background="inline"))
+        else:
+            if mode == "dtr":
+                with dtr.budget(None, cost_model="flops") as probe:  # the plain step's peak, on a copy
+                    m2 = copy.deepcopy(model)
+                    torch.manual_seed(10 + 100 * rank + k)
+                    F.cross_entropy(m2(x), y).backward()
+                limit = budget_at(const, probe.stats["peak_bytes"], FRACTION)
+            with planned if planned is not None else dtr.budget(limit, cost_model="flops") as b:
+                loss, grads = step(k, x, y)
             s = b.stats
             result["stats"].append(dict(limit=limit, peak=s["peak_bytes"], evictions=s["evictions"],
-                                        remats=s["remats"]))
-        else:
-            loss, grads = step(k)
+                                        remats=s["remats"], plan=s.get("plan"), remat=s["remat_compute"],
+                                        predicted=s.get("predicted_remat")))
         result["losses"].append(loss.item())
         result["grads"].append([g.tolist() for g in grads])
+        del grads  # (the next step's constants are the model's, DDP's and its batch's alone)
     result["params"] = [p.detach().tolist() for p in model.parameters()]
+    result["plan_errors"] = planned.plan_errors if planned is not None else []
     dist.barrier()
     dist.destroy_process_group()
     with open(out, "w") as f:
@@ -86,13 +105,14 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_job(tmp_path, mode):
+def run_job(tmp_path, mode, steps=2, width=64, depth=3, fraction=0.6):
     script = tmp_path / "worker.py"
     script.write_text(WORKER)
     env = child_env(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), OMP_NUM_THREADS="1")
     outs = [tmp_path / f"{mode}-rank{r}.json" for r in range(2)]
-    procs = [subprocess.Popen([sys.executable, str(script), str(r), mode, str(outs[r])], env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(2)]
+    argv = [mode, None, str(steps), str(width), str(depth), str(fraction)]
+    procs = [subprocess.Popen([sys.executable, str(script), str(r), *[str(outs[r]) if a is None else a for a in argv]],
+                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(2)]
     errors = []
     for r, p in enumerate(procs):
         try:
@@ -107,17 +127,17 @@ def run_job(tmp_path, mode):
     return [json.loads(o.read_text()) for o in outs]
 
 
-def reference(steps=2, world=2):
+def reference(steps=2, width=64, depth=3, world=2):
     """One process, no DDP, no dtr: each step's gradient is the mean of the ranks' gradients."""
     import torch.nn.functional as F
     from support.models import mlp
     torch.manual_seed(0)
-    model = mlp(width=64, depth=3, p=0.1)
-    data = [(torch.randn(512, 64), torch.randint(0, 10, (512,))) for _ in range(2)]
+    model = mlp(width=width, depth=depth, p=0.1)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     losses, grads = [[] for _ in range(world)], []
     for k in range(steps):
-        x, y = data[k]
+        g = torch.Generator().manual_seed(1000 + k)
+        x, y = torch.randn(512, width, generator=g), torch.randint(0, 10, (512,), generator=g)
         per_rank = []
         for rank in range(world):
             m = copy.deepcopy(model)
@@ -135,10 +155,11 @@ def reference(steps=2, world=2):
 
 
 @pytest.mark.slow
-def test_ddp_two_ranks_inside_the_budget(tmp_path):
-    with_dtr = run_job(tmp_path, "dtr")
-    plain = run_job(tmp_path, "plain")
-    ref_losses, ref_grads, ref_params = reference()
+@pytest.mark.parametrize("mode,steps,width,depth,fraction", [("dtr", 2, 64, 3, 0.6), ("plan", 6, 256, 6, 0.6)])
+def test_ddp_two_ranks_inside_the_budget(tmp_path, mode, steps, width, depth, fraction):
+    with_dtr = run_job(tmp_path, mode, steps, width, depth, fraction)
+    plain = run_job(tmp_path, "plain", steps, width, depth)
+    ref_losses, ref_grads, ref_params = reference(steps, width, depth)
     for rank in range(2):
         got, base = with_dtr[rank], plain[rank]
         # Bit for bit a DDP run without dtr: losses, all-reduced gradients, parameters.
@@ -147,7 +168,7 @@ def test_ddp_two_ranks_inside_the_budget(tmp_path):
         assert got["params"] == base["params"]
         # The same as one process computing both halves (up to the all-reduce's summation order).
         assert got["losses"] == ref_losses[rank]
-        for k in range(2):
+        for k in range(steps):
             for g, r in zip(got["grads"][k], ref_grads[k]):
                 torch.testing.assert_close(torch.tensor(g), r, rtol=1e-5, atol=1e-7)
         for p, r in zip(got["params"], ref_params):
@@ -155,5 +176,55 @@ def test_ddp_two_ranks_inside_the_budget(tmp_path):
         for s in got["stats"]:
             assert s["peak"] <= s["limit"], s
         assert sum(s["evictions"] for s in got["stats"]) > 0, got["stats"]
+        if mode == "plan":  # (Note [Planned steps]: DDP's second iteration rebuilds its buckets, and differs)
+            modes, n = [s["plan"] for s in got["stats"]], steps - 1
+            assert modes in (["recorded"] + ["planned"] * (n - 1), ["recorded", "diverged", "recorded"]
+                             + ["planned"] * (n - 3)), (got["stats"], got["plan_errors"])
+            assert all(s["remat"] == s["predicted"] for s in got["stats"] if s["plan"] == "planned"), got["stats"]
     # Both ranks hold the same (all-reduced) gradients.
     assert with_dtr[0]["grads"] == with_dtr[1]["grads"]
+
+
+def test_what_a_collective_touches_is_pinned_and_never_recomputed(tmp_path):
+    """Note [Collectives]: gloo reads and writes an async all-reduce's tensor after the op returned; running it
+    again would need the other ranks. One rank (world size 1) in this process, a budget that evicts."""
+
+    from torch.distributed import _functional_collectives as fc
+
+    import dtr
+    from dtr.core import Hold
+    from dtr.sim.replay import replay
+    _storage = torch._C.TensorBase.untyped_storage  # (the public method is an escape in a block: it pins)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+    try:
+        torch.manual_seed(0)
+        w = torch.randn(256, 256, requires_grad=True)
+        x = torch.randn(64, 256)
+        log = tmp_path / "step.jsonl"
+        want = None
+        for limit in (None, 1_500_000):
+            with dtr.budget(limit, cost_model="flops", log=log if limit else None) as b:
+                h = torch.tanh(x @ w)
+                work = dist.all_reduce(h, async_op=True)           # c10d::allreduce_, in place, async
+                g = fc.all_reduce(torch.relu(x @ w), "sum", "0")    # _c10d_functional::all_reduce: a new tensor
+                acts = [torch.tanh(h @ w) for _ in range(6)]        # room must be made: evictions
+                work.wait()
+                g = fc.wait_tensor(g)
+                core, version = b._core, b._driver.table.version
+                for t, why in ((h, Hold.ESCAPED), (g, Hold.CONSTANT)):  # (g: the backend's memory)
+                    s = core.storage_of(version[_storage(t)._cdata])
+                    assert core.resident(s) and core.pinned(s) and core.pin_reason(s) == why
+                loss = sum(a.sum() for a in acts) + (g * h).sum()
+                loss.backward()
+            got = (loss.detach(), w.grad.clone())
+            w.grad = None
+            if limit is None:
+                want = got
+            else:
+                assert b.stats["evictions"] > 0, b.stats
+                assert all(torch.equal(a, e) for a, e in zip(got, want))
+        # The pins are in the log: a replay makes the runtime's decisions.
+        r = replay(str(log), "eqclass", b.stats["budget_bytes"], thrash_limit=float("inf"))
+        assert (r.evictions, r.remats) == (b.stats["evictions"], b.stats["remats"])
+    finally:
+        dist.destroy_process_group()
