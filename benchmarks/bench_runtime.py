@@ -501,6 +501,12 @@ def summarize(models, fracs, calib, results):
                 "loss": sorted({r["loss"] for r in good}), "grad_sum": sorted({r["grad_sum"] for r in good}),
                 "plan_modes": sorted({s.get("plan") for s in stats if s.get("plan")}),
                 "predicted_remat": med([s["predicted_remat"] for s in stats if s.get("predicted_remat") is not None]),
+                # fidelity, per planned step: measured recomputation over the prediction, raw and at the step's
+                # op speed (Note [A plan's prediction at the step's speed] in dtr/runtime/step_plans.py)
+                "vs_predicted": [s["remat_seconds"] / s["predicted_remat_seconds"] for s in stats
+                                 if s.get("plan") == "planned" and s.get("predicted_remat_seconds")],
+                "vs_expected": [s["remat_seconds"] / s["expected_remat_seconds"] for s in stats
+                                if s.get("plan") == "planned" and s.get("expected_remat_seconds")],
             }
     return S
 
@@ -582,6 +588,11 @@ def render(a, models, fracs, calib, results, elapsed, load_start) -> str:
                          f"{s['remat_seconds']:.4f} s, predicted {s['predicted_remat'] or 0:.4g} cost units (median per step)."
                          if s["predicted_remat"] is not None else
                          f"{label(v)}: timed steps ran {', '.join(s['plan_modes'])} (no plan kept).")
+                if s["vs_expected"]:
+                    L.append(f"Measured over predicted recomputation, per planned timed step: "
+                             f"{', '.join(f'{x:.2f}' for x in s['vs_predicted'])} (median {med(s['vs_predicted']):.2f}); "
+                             f"over the prediction at the step's op speed: "
+                             f"{', '.join(f'{x:.2f}' for x in s['vs_expected'])} (median {med(s['vs_expected']):.2f}).")
         errs = [(v, e) for v in variants_for(m, fracs) for e in S[(m, v)]["errors"]]
         if errs:
             L += ["", "Errors raised by the runtime (recorded, not patched):", ""]

@@ -255,8 +255,10 @@ class Budget:
         """With ``plan=``: each step's stats, with how it ran (``plan``: ``recorded``, ``planned``,
         ``diverged`` or ``online``), ``plan_ops`` (ops that matched the plan), ``plan_diverged_at`` (the
         first op that did not), ``planned_evictions`` and ``predicted_remat`` (the plan's recomputation, in
-        ``cost_unit``: compare ``remat_compute``; with measured costs also ``predicted_remat_seconds``:
-        compare ``remat_seconds``). Empty without ``plan=``."""
+        ``cost_unit``: compare ``remat_compute``; with measured costs also ``predicted_remat_seconds``), and,
+        for a step that followed its plan to the end with measured costs, ``op_time_ratio`` (its ops' time
+        over the recorded step's) and ``expected_remat_seconds`` (the prediction at that speed: compare
+        ``remat_seconds``). Empty without ``plan=``."""
         return [dict(s) for s in self._plans.steps] if self._plans is not None else []
 
     @property

@@ -58,7 +58,8 @@ BACKGROUNDS = ("process", "thread", "inline")
 #   and then pays only the fingerprints;
 # - at most ``max_plans`` plans are kept, the least recently used dropped;
 # - with measured costs, a planned step whose measured recomputation time
-#   strays from the plan's prediction by more than ``drift`` (a fraction)
+#   strays from the plan's prediction at the step's op speed (Note [A plan's
+#   prediction at the step's speed]) by more than ``drift`` (a fraction)
 #   three steps running is recorded and planned again.
 
 
@@ -113,6 +114,40 @@ def plan_policy(plan: Union[None, bool, str, float, PlanPolicy]) -> Optional[Pla
     if policy.max_plans < 1 or policy.repeat < 1:
         raise ValueError("max_plans and repeat must be at least 1")
     return policy
+
+
+# Note [A plan's prediction at the step's speed]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# With measured costs a plan predicts its recomputation in the recorded
+# step's op times. A later step's ops run faster or slower as a whole (a
+# shared machine, clocks, another process): on the 2-core CPU the same ops of
+# one GPT step took 0.97-1.20x the recorded step's time from step to step, and
+# the recomputations in a step moved with them. That is not the plan's error,
+# and re-planning would not help: the same plan stays the best. So a step that
+# followed its plan to the end also reports ``op_time_ratio`` (its own ops'
+# measured time, first computations only, over the recorded step's) and
+# ``expected_remat_seconds`` (the prediction times that ratio), and the drift
+# rule compares the measured recomputation with the latter: a plan is made
+# again when its ops' times change relative to each other, not when the
+# machine's speed does.
+
+
+def _at_step_speed(plan: Optional[StepPlan], stats: Dict[str, Any]) -> Dict[str, Optional[float]]:
+    """A planned step's op-time ratio to its recorded step, and the plan's prediction scaled by it.
+
+    Args:
+        plan: the plan the step followed to its end (None: it did not).
+        stats: the step's stats (``base_compute``: its ops' first computations, in ``cost_unit``).
+
+    Returns:
+        ``op_time_ratio`` and ``expected_remat_seconds``, None where costs are not times or
+        the step did not follow a plan (Note [A plan's prediction at the step's speed]).
+    """
+    unit = _SECONDS.get(plan.cost_unit) if plan is not None else None
+    if plan is None or unit is None or plan.base_compute <= 0 or stats.get("cost_unit") != plan.cost_unit:
+        return {"op_time_ratio": None, "expected_remat_seconds": None}
+    ratio = stats.get("base_compute", 0.0) / plan.base_compute
+    return {"op_time_ratio": ratio, "expected_remat_seconds": plan.predicted_remat * unit * ratio}
 
 
 class _Job:
@@ -197,8 +232,8 @@ class StepPlans:
         """
         self._collect(wait=0.0)
         plan = self.plans.get(self._last) if self._last is not None else None
-        if plan is None and self.plans:
-            plan = next(reversed(self.plans.values()))
+        if plan is None and self.plans and self._last not in self.tried:  # (a step like one found no better
+            plan = next(reversed(self.plans.values()))                     # than online runs online)
         self._current = plan
         if plan is not None:
             self.plans.move_to_end(plan.signature)
@@ -247,11 +282,12 @@ class StepPlans:
                   "planned_evictions": counters["planned_evictions"],
                   "predicted_remat": plan.predicted_remat if plan else None,
                   "predicted_remat_seconds": plan.predicted_remat * _SECONDS[plan.cost_unit]
-                  if plan and plan.cost_unit in _SECONDS else None}
+                  if plan and plan.cost_unit in _SECONDS else None,
+                  **_at_step_speed(plan if mode == "planned" else None, stats)}
         self.seen[sig] += 1
         self._last = sig
         if mode == "planned" and plan is not None:
-            self._check_drift(plan, stats)
+            self._check_drift(plan, stats, fields["expected_remat_seconds"])
         if self._recording is not None:
             if log is not None and not failed:
                 shutil.copyfile(log, self._recording + (".gz" if log.endswith(".gz") else ""))
@@ -269,14 +305,19 @@ class StepPlans:
         self.steps.append({**stats, **fields})
         return fields
 
-    def _check_drift(self, plan: StepPlan, stats: Dict[str, Any]) -> None:
-        """Re-plan a signature whose measured recomputation keeps straying from the plan (Note [Planned steps])."""
-        unit = _SECONDS.get(plan.cost_unit)
-        if unit is None or plan.predicted_remat <= 0:
+    def _check_drift(self, plan: StepPlan, stats: Dict[str, Any], expected: Optional[float]) -> None:
+        """Re-plan a signature whose measured recomputation keeps straying from the plan (Note [Planned steps]).
+
+        Args:
+            plan: the plan the step followed to its end.
+            stats: the step's stats.
+            expected: the plan's recomputation at the step's op speed, seconds (Note [A plan's
+                prediction at the step's speed]); None: with costs that are not times.
+        """
+        if expected is None or expected <= 0:
             return
-        predicted = plan.predicted_remat * unit
         measured = stats.get("remat_seconds", 0.0)
-        if abs(measured - predicted) > self.policy.drift * predicted:
+        if abs(measured - expected) > self.policy.drift * expected:
             self._drifted += 1
         else:
             self._drifted = 0
