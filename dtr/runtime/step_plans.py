@@ -42,7 +42,9 @@ BACKGROUNDS = ("process", "thread", "inline")
 #   core, replaying the recorded step while following it, finishes within the
 #   budget and recomputes less than online DTR does there;
 # - each later step follows the plan of the previous step's signature (steps
-#   repeat), or else the newest plan. The core matches op by op; at the first
+#   repeat), or else the newest plan, unless the previous step's signature
+#   was planned and found no better than online (then it runs online). The
+#   core matches op by op; at the first
 #   op that differs (a new sequence length, the last short batch, a dynamic
 #   model) the rest of the step runs online. Nothing else changes: values
 #   are exact, the budget binds, a plan only chooses evictions;
@@ -51,11 +53,11 @@ BACKGROUNDS = ("process", "thread", "inline")
 #   from the first's: a loop's first step is often its own (an optimizer
 #   creates its state; the parameters and gradients the first step leaves
 #   are constants of every later one from their first op on: Note
-#   [Constants from earlier blocks] in driver.py), so the third step follows
-#   a plan of the steady state. A signature planned once and found no better
-#   than online is not planned again. So a model whose every step differs
-#   (a TreeLSTM over new trees) records and plans its first two steps only,
-#   and then pays only the fingerprints;
+#   [Constants from earlier blocks] in driver.py), so the third step is
+#   recorded and the fourth follows a plan of the steady state. A signature
+#   planned once and found no better than online is not planned again. So a
+#   model whose every step differs (a TreeLSTM over new trees) records and
+#   plans two steps only, and then pays only the fingerprints;
 # - at most ``max_plans`` plans are kept, the least recently used dropped;
 # - with measured costs, a planned step whose measured recomputation time
 #   strays from the plan's prediction at the step's op speed (Note [A plan's
