@@ -15,8 +15,11 @@ ops, ``torch.save``/``torch.load``, ``pickle`` and ``copy.deepcopy`` round
 trips of live tensors, sparse COO/CSR operands (written in place too), a
 wrapper tensor subclass (TwoTensor) whose ops run on the plain tensors it wraps,
 autoregressive loops that grow a cache (``cat``, or ``index_copy_`` into a
-buffer) read at every step, with and without autograd, and blocks nested in
-the program's own (a library's ``dtr.budget`` around a few ops).
+buffer) read at every step, with and without autograd, blocks nested in
+the program's own (a library's ``dtr.budget`` around a few ops), and, with
+``generate(seed, collectives=True)`` and a process group of one rank
+initialized, collectives (an async ``all_reduce`` waited for after another op,
+a functional one) whose results autograd saves.
 
 :func:`generate` builds one instruction at a time, running each eagerly and
 keeping only those PyTorch accepts, and retries until the program's backward
@@ -38,8 +41,10 @@ import warnings
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 import torch.utils.checkpoint
+from torch.distributed import _functional_collectives as fc
 from torch.testing._internal.two_tensor import TwoTensor
 
 __all__ = ["Instr", "Program", "Result", "generate", "make_leaves", "run", "run_steps", "same_bits", "assert_equal",
@@ -164,6 +169,16 @@ def _exec(ins: Instr, env: Dict[str, torch.Tensor]) -> None:
     elif k == "cond":  # Python control flow on a value (.item())
         a = t(args[0])
         env[out] = a * 2.0 if a.sum().item() > 0 else a - 1.0
+    elif k == "collective":  # memory a backend writes from its own thread (one rank: the sum is the value)
+        a = t(args[1])
+        c = a.detach() * 1.0
+        if args[0] == "async":
+            work = dist.all_reduce(c, async_op=True)
+            d = a + 1.0  # an op while the backend may still be writing c
+            work.wait()
+            env[out] = d * c
+        else:  # functional: an AsyncCollectiveTensor, waited for at its first use
+            env[out] = a * fc.all_reduce(c, "sum", dist.group.WORLD)
     elif k == "numpy":  # memory that leaves PyTorch's view, then read through from_numpy
         env[out] = torch.from_numpy(t(args[0]).detach().numpy()) * 1.5
     elif k == "batch_norm":  # writes the running statistics (constants) although its schema does not say so
@@ -291,14 +306,18 @@ def _pick(rng: random.Random, env: Dict[str, torch.Tensor], pred=lambda x: True)
     return rng.choice(names) if names else None
 
 
-def _propose(rng: random.Random, env: Dict[str, torch.Tensor], fresh: Callable[[], str]) -> Optional[Instr]:
-    kind = rng.choices(["unary", "binary", "mm", "view", "inplace", "dropout", "randn_like", "cat", "sum",
-                        "ones", "del", "max", "index_put", "out", "no_grad", "expand", "masked_select", "where",
-                        "cond", "numpy", "batch_norm", "sort", "meta_inplace", "scatter", "cumsum", "autocast",
-                        "function", "checkpoint", "randn", "sample", "reseed", "serialize", "sparse", "subclass",
-                        "sums", "decode", "nested"],
-                       weights=[14, 12, 10, 14, 14, 5, 3, 4, 3, 2, 8, 3, 3, 3, 2, 2, 2, 2, 2, 1, 2, 2, 3, 2, 2, 2,
-                                2, 2, 2, 4, 2, 2, 2, 2, 3, 2, 2])[0]
+_KINDS = ["unary", "binary", "mm", "view", "inplace", "dropout", "randn_like", "cat", "sum", "ones", "del", "max",
+          "index_put", "out", "no_grad", "expand", "masked_select", "where", "cond", "numpy", "batch_norm", "sort",
+          "meta_inplace", "scatter", "cumsum", "autocast", "function", "checkpoint", "randn", "sample", "reseed",
+          "serialize", "sparse", "subclass", "sums", "decode", "nested"]
+_WEIGHTS = [14, 12, 10, 14, 14, 5, 3, 4, 3, 2, 8, 3, 3, 3, 2, 2, 2, 2, 2, 1, 2, 2, 3, 2, 2, 2, 2, 2, 2, 4, 2, 2, 2, 2,
+            3, 2, 2]
+
+
+def _propose(rng: random.Random, env: Dict[str, torch.Tensor], fresh: Callable[[], str],
+             collectives: bool = False) -> Optional[Instr]:
+    kinds, weights = (_KINDS + ["collective"], _WEIGHTS + [6]) if collectives else (_KINDS, _WEIGHTS)
+    kind = rng.choices(kinds, weights=weights)[0]
     if kind == "randn":
         return Instr(kind, fresh(), (rng.choice(SHAPES),))
     a = _pick(rng, env)
@@ -378,6 +397,8 @@ def _propose(rng: random.Random, env: Dict[str, torch.Tensor], fresh: Callable[[
     if kind == "where":
         b = _pick(rng, env, lambda x: x.shape == env[a].shape)
         return Instr(kind, fresh(), (a, b))
+    if kind == "collective":
+        return Instr(kind, fresh(), (rng.choice(["async", "functional"]), a))
     if kind in ("masked_select", "cond", "numpy", "sort"):
         return Instr(kind, fresh(), (a,))
     if kind == "subclass":
@@ -523,8 +544,11 @@ def _result(loss: torch.Tensor, params: List[torch.Tensor], env: Dict[str, torch
     return Result(loss.detach().clone(), [None if q.grad is None else q.grad.clone() for q in params], values)
 
 
-def generate(seed: int, length: int = 60, attempts: int = 20) -> Program:
-    """A valid random program: each kept instruction ran eagerly, and so did the loss's backward."""
+def generate(seed: int, length: int = 60, attempts: int = 20, collectives: bool = False) -> Program:
+    """A valid random program: each kept instruction ran eagerly, and so did the loss's backward.
+
+    With ``collectives``, its instructions include collectives over the default process group (which
+    must be initialized, with one rank)."""
     for attempt in range(attempts):
         rng = random.Random(f"{seed}/{attempt}")
         shapes = tuple(SHAPES)
@@ -542,7 +566,7 @@ def generate(seed: int, length: int = 60, attempts: int = 20) -> Program:
         for _ in range(20 * length):  # proposals (most are kept)
             if len(instrs) == length:
                 break
-            ins = _propose(rng, env, lambda counter=counter: f"v{next(counter)}")
+            ins = _propose(rng, env, lambda counter=counter: f"v{next(counter)}", collectives)
             if ins is None:
                 continue
             trial = dict(env)
