@@ -53,13 +53,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     a = ap.parse_args(argv)
     torch.set_num_threads(1)
 
-    model, inputs, loss_fn = bench_runtime.build("gpt", bench_runtime.SIZES["gpt"][0])
-    model.train()
-    params = list(model.parameters())
-    for p in params:
-        p.grad = torch.zeros_like(p)
-    const = sum(t.untyped_storage().nbytes() for t in [*params, *model.buffers(), *inputs])
-    const += sum(p.grad.untyped_storage().nbytes() for p in params)
+    model, inputs, loss_fn, const = bench_runtime.training_setup("gpt", bench_runtime.SIZES["gpt"][0])
 
     def step(v: str, limit: Optional[int] = None, log: Optional[str] = None) -> float:
         model.zero_grad(set_to_none=False)
@@ -72,12 +66,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                 loss_fn(model, *inputs).backward()
         return time.perf_counter() - t
 
-    step("plain")
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")
-    base = bench_runtime._status()["rss"]  # (Linux: /proc/self/status)
-    step("plain")
-    peak = bench_runtime._status()["hwm"] - base
+    peak = bench_runtime.plain_peak(lambda: step("plain"))
     step("ckpt")
     times: Dict[str, List[float]] = {"plain": [], "ckpt": []}
     for r in range(a.rounds):

@@ -202,6 +202,36 @@ def build(name: str, cfg: dict):
     raise ValueError(name)
 
 
+def training_setup(name: str, cfg: dict):
+    """build() in training mode, gradients allocated (zeroed in place each step: part of C).
+
+    Returns:
+        (model, inputs, loss_fn, C in bytes: parameters, buffers, inputs and gradients).
+    """
+    import torch
+    model, inputs, loss_fn = build(name, cfg)
+    model.train()
+    params = list(model.parameters())
+    for p in params:
+        p.grad = torch.zeros_like(p)
+    const = sum(t.untyped_storage().nbytes() for t in [*params, *model.buffers(), *inputs])
+    const += sum(p.grad.untyped_storage().nbytes() for p in params)
+    return model, inputs, loss_fn, const
+
+
+def plain_peak(step) -> int:
+    """P: what a plain ``step()`` adds to the process's RSS high-water mark (Linux), after one warm-up step."""
+    if "MALLOC_MMAP_THRESHOLD_" not in os.environ:  # see Note [Allocator settings]
+        print("warning: MALLOC_MMAP_THRESHOLD_ is not set: glibc reuses freed memory, so the RSS high-water "
+              "mark understates the step's peak (run with MALLOC_MMAP_THRESHOLD_=65536)", file=sys.stderr)
+    step()
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+    base = _status()["rss"]
+    step()
+    return _status()["hwm"] - base
+
+
 def random_tree(lo: int, hi: int, rng: random.Random):
     """A random binary bracketing of leaves lo..hi-1, as nested pairs (the TreeLSTM's data-dependent shape)."""
     if hi - lo == 1:
