@@ -123,7 +123,7 @@ def plan_policy(plan: Union[None, bool, str, float, PlanPolicy]) -> Optional[Pla
 # With measured costs a plan predicts its recomputation in the recorded
 # step's op times. A later step's ops run faster or slower as a whole (a
 # shared machine, clocks, another process): on the 2-core CPU the same ops of
-# one GPT step took 0.97-1.20x the recorded step's time from step to step, and
+# one GPT step took 0.95-1.20x the recorded step's time from step to step, and
 # the recomputations in a step moved with them. That is not the plan's error,
 # and re-planning would not help: the same plan stays the best. So a step that
 # followed its plan to the end also reports ``op_time_ratio`` (its own ops'
