@@ -16,7 +16,7 @@ from dtr.sim.compare import compare
 from dtr.sim.export import ExportError, export_schedule
 from dtr.sim.graph import GraphError, PlanGraphError, graph_from_log, plan_graph
 from dtr.sim.replay import baseline, replay
-from dtr.sim.schedule import COMPUTE, FREE, evaluate, load_schedule
+from dtr.sim.schedule import COMPUTE, FREE, evaluate, load_schedule, plan_schedule
 
 HEURISTICS = ("dtr", "eqclass", "local", "lru")
 ZOO_LOGS = LOGS
@@ -378,3 +378,30 @@ def test_cli_compare_on_a_recorded_zoo_log(capsys):
     rows = json.loads(capsys.readouterr().out)
     (dtr_row,) = [r for r in rows if r["planner"] == "eqclass"]
     assert dtr_row["status"] == "ok" and dtr_row["valid"] is True
+
+
+def test_an_op_without_outputs_runs_at_its_turn_in_a_schedule():
+    # A gradient declared at the block's start (every step after the first) and accumulated in place after
+    # another op: the accumulation must run where the log has it, and what it reads stay until then. Folded
+    # into the node of its input instead, it ran before h, and the schedule freed d before the program's add_.
+    text = "\n".join(json.dumps(d) for d in [
+        {"op": "constant", "id": "w", "size": 8},
+        {"op": "constant", "id": "grad", "size": 100},
+        {"op": "call", "name": "f", "inputs": ["w"], "outputs": ["x"], "sizes": [100], "aliases": [None], "cost": 1},
+        {"op": "call", "name": "mm", "inputs": ["x"], "outputs": ["d"], "sizes": [100], "aliases": [None], "cost": 1},
+        {"op": "call", "name": "h", "inputs": ["x"], "outputs": ["e"], "sizes": [100], "aliases": [None], "cost": 1},
+        {"op": "release", "id": "x"},
+        {"op": "call", "name": "add_", "inputs": ["grad", "d"], "outputs": [], "sizes": [], "aliases": [],
+         "cost": 1, "mutated": ["grad"]},
+        {"op": "release", "id": "d"}]) + "\n"
+    log = parse_text(text)
+    g = graph_from_log(log)
+    pg = plan_graph(g)
+    (add,) = [k for k in range(g.num_ops) if g.op_name[k] == "add_"]
+    (h,) = [k for k in range(g.num_ops) if g.op_name[k] == "h"]
+    (mm,) = [k for k in range(g.num_ops) if g.op_name[k] == "mm"]
+    assert pg.storage_node[g.op_fresh[h][0]] == next(n for n, ops in enumerate(pg.ops) if add in ops)
+    steps = plan_schedule(pg, range(pg.n)).steps
+    at = {s: i for i, s in enumerate(steps)}
+    assert at[(COMPUTE, h)] < at[(COMPUTE, add)] < at[(FREE, g.op_fresh[mm][0])]
+    assert evaluate(g, steps, None).valid
