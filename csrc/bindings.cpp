@@ -524,7 +524,7 @@ PYBIND11_MODULE(_C, m) {
          std::vector<int64_t> extra, std::vector<double> cost, std::vector<uint8_t> unit_flags,
          std::vector<int64_t> size, std::vector<uint8_t> value_flags, std::vector<int> slots, int64_t budget,
          int64_t iterations, double temp0, double temp1, double temp_scale, uint64_t seed, double time_limit,
-         bool stop_when_feasible, bool soft_peak) {
+         bool stop_when_feasible, bool soft_peak, bool keep_order) {
         FastsaProblem p{std::move(in_ptr), std::move(in_idx), std::move(out_ptr), std::move(out_idx),
                         std::move(extra), std::move(cost), std::move(unit_flags), std::move(size),
                         std::move(value_flags)};
@@ -538,6 +538,7 @@ PYBIND11_MODULE(_C, m) {
         par.time_limit = time_limit;
         par.stop_when_feasible = stop_when_feasible;
         par.soft_peak = soft_peak;
+        par.keep_order = keep_order;
         FastsaResult r;
         {
           py::gil_scoped_release nogil;
@@ -558,5 +559,5 @@ PYBIND11_MODULE(_C, m) {
       py::arg("in_ptr"), py::arg("in_idx"), py::arg("out_ptr"), py::arg("out_idx"), py::arg("extra"),
       py::arg("cost"), py::arg("unit_flags"), py::arg("size"), py::arg("value_flags"), py::arg("slots"), py::arg("budget"), py::arg("iterations"), py::arg("temp0"), py::arg("temp1"),
       py::arg("temp_scale"), py::arg("seed"), py::arg("time_limit"), py::arg("stop_when_feasible"),
-      py::arg("soft_peak") = false);
+      py::arg("soft_peak") = false, py::arg("keep_order") = false);
 }

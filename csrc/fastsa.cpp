@@ -123,6 +123,7 @@ class State {
   int slot(int t) const { return slots_[t]; }
   const std::vector<int>& slots() const { return slots_; }
   bool fixed(int u) const { return p_.unit_flags[u] & kFastsaFixed; }
+  int first(int u) const { return prod_[u].empty() ? -1 : prod_[u][0]; }
 
   bool can_add(int u, int t) const {
     if (slots_[t] >= 0 || fixed(u)) return false;
@@ -145,6 +146,14 @@ class State {
       if (it != us.end() && *it < pu[1]) return false;
     }
     return true;
+  }
+
+  // u's first computation lies between its neighbours' (units in order: a program runs each op once, in
+  // order, so a schedule a runtime step can follow keeps them so; Note [Schedules a step can follow]).
+  bool in_order(int u) const {
+    const int n = static_cast<int>(prod_.size());
+    const int f = prod_[u][0];
+    return (u == 0 || prod_[u - 1][0] < f) && (u + 1 == n || f < prod_[u + 1][0]);
   }
 
   // Every read of u's values comes after some production of u.
@@ -273,6 +282,10 @@ FastsaResult fastsa_anneal(const FastsaProblem& p, std::vector<int> slots, const
   }
   State st(p, std::move(slots), soft_scale);
   const int T = st.T();
+  if (par.keep_order)
+    for (int u = 0; u < n; ++u)
+      if (st.first(u) < 0 || !st.in_order(u))
+        throw std::invalid_argument("fastsa: keep_order with a start whose first computations are out of order");
   std::vector<int> movable;
   for (int u = 0; u < n; ++u)
     if (!st.fixed(u)) movable.push_back(u);
@@ -369,6 +382,10 @@ FastsaResult fastsa_anneal(const FastsaProblem& p, std::vector<int> slots, const
           undo();
           continue;
         }
+      }
+      if (par.keep_order && !st.in_order(log.back().unit)) {  // a mutation moves one unit's computations
+        undo();
+        continue;
       }
       const int64_t pk = st.peak();
       const double f = objective(st.soft_peak(), st.cost());

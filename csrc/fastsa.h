@@ -42,6 +42,7 @@ struct FastsaParams {
   double time_limit = 0;           // seconds (<= 0: none)
   bool stop_when_feasible = false; // stop as soon as the peak is within the budget (the paper's first stage)
   bool soft_peak = false;          // the objective's peak is appendix C.2's log-sum-exp over the slots
+  bool keep_order = false;         // units' first computations stay in unit order (a program's order)
 };
 
 // What an annealing run returns.

@@ -249,10 +249,11 @@ def replay_graph(program: Program, config: Config) -> Dict[str, Any]: ...
 # FastSA's annealing loop (csrc/fastsa.h; dtr/sim/planners/fastsa.py builds the problem): units read and
 # produce values (CSR in_ptr/in_idx, out_ptr/out_idx), with extra bytes while running, costs and flags
 # (1: fixed); values have sizes and flags (2: pinned, 4: kept to the end); a slot vector (-1: nop); soft_peak:
-# the objective's peak is a log-sum-exp over the slots (fastsa.txt C.2). Returns
+# the objective's peak is a log-sum-exp over the slots (fastsa.txt C.2); keep_order: units' first computations
+# stay in unit order (the start must have them so). Returns
 # slots (the best state), iterations, accepted, peak, cost, feasible, objective0, temp_end, peak0.
 def fastsa_anneal(in_ptr: Sequence[int], in_idx: Sequence[int], out_ptr: Sequence[int], out_idx: Sequence[int],
                   extra: Sequence[int], cost: Sequence[float], unit_flags: Sequence[int], size: Sequence[int],
                   value_flags: Sequence[int], slots: Sequence[int], budget: int, iterations: int, temp0: float,
                   temp1: float, temp_scale: float, seed: int, time_limit: float,
-                  stop_when_feasible: bool, soft_peak: bool = ...) -> Dict[str, Any]: ...
+                  stop_when_feasible: bool, soft_peak: bool = ..., keep_order: bool = ...) -> Dict[str, Any]: ...

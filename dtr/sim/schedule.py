@@ -24,7 +24,8 @@ from dtr.errors import DtrError
 from dtr.sim.graph import Graph, PlanGraph
 
 __all__ = ["COMPUTE", "FREE", "Step", "Schedule", "Evaluation", "ScheduleError", "evaluate", "sequence_steps",
-           "sequence_profile", "in_place_frees", "expand", "plan_schedule", "load_schedule", "save_schedule"]
+           "sequence_profile", "in_place_frees", "expand", "plan_schedule", "load_schedule", "save_schedule",
+           "out_of_order"]
 
 COMPUTE = "compute"
 FREE = "free"
@@ -342,6 +343,44 @@ def expand(pg: PlanGraph, steps: Sequence[Step]) -> List[Step]:
         else:
             out.append((FREE, x))
     return out
+
+
+# Note [Schedules a step can follow]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# A runtime step runs its program: every op once, in the program's order
+# (the log's, which is the planning graph's node order). A compute sequence
+# that computes a node for the first time after a later node's first
+# computation cannot be followed as it is: the step computes that node at its
+# own turn anyway, so following the schedule would pay for one more
+# computation and hold memory the schedule does not count. FastSA's grouping
+# does this (a fused node first runs at its first reader), and its mutations
+# may move a first computation past another's. Plans for a runtime step are
+# made with ``PlanOptions.in_order`` (FastSA then anneals under the order;
+# the other planners keep it always), and make_step_plan refuses a sequence
+# that breaks it.
+
+
+def out_of_order(seq: Sequence[int]) -> Optional[Tuple[int, int]]:
+    """Where a compute sequence first breaks the graph's order (Note [Schedules a step can follow]).
+
+    Args:
+        seq: a planner's compute sequence of planning-graph nodes.
+
+    Returns:
+        ``(a, b)``: node ``b`` is computed for the first time after node ``a``'s
+        first computation although ``b < a``; None when the first computations
+        are in the graph's order.
+    """
+    seen = set()
+    last = -1
+    for v in seq:
+        if v in seen:
+            continue
+        seen.add(v)
+        if v < last:
+            return last, v
+        last = v
+    return None
 
 
 def plan_schedule(pg: PlanGraph, seq: Sequence[int], meta: Optional[dict] = None) -> Schedule:

@@ -16,6 +16,7 @@ import json
 import math
 import os
 import struct
+import time
 from dataclasses import dataclass, field, replace
 from typing import List, Optional, Sequence, Tuple, Union
 
@@ -24,18 +25,23 @@ from dtr.errors import DtrError
 from dtr.heuristics import get_heuristic
 from dtr.sim.graph import Graph, PlanGraphError, graph_from_log, plan_graph
 from dtr.sim.logs import Log, read_log
-from dtr.sim.planners import PlanOptions, planner_names, run_planner
-from dtr.sim.schedule import COMPUTE, evaluate, plan_schedule
+from dtr.sim.planners import PlanOptions, PlanResult, planner_names, run_planner
+from dtr.sim.schedule import COMPUTE, evaluate, out_of_order, plan_schedule
 
 __all__ = ["StepPlan", "StepPlanError", "make_step_plan", "step_signature", "log_fingerprints",
            "load_step_plan", "save_step_plan", "DEFAULT_PLANNER", "AUTO", "AUTO_PLANNERS", "EVICT", "RECOMPUTE"]
 
-#: ``auto``: each of AUTO_PLANNERS with a share of the time limit; the plan whose following recomputes least.
+#: ``auto``: each of AUTO_PLANNERS in turn with an equal share of the time the earlier ones left; the plan
+#: whose following recomputes least. FastSA comes last: it anneals until its time is up (and starts from
+#: the best of lookahead's plan and DTR's runs).
 AUTO = "auto"
-AUTO_PLANNERS = ("lookahead", "hierarchical")
+AUTO_PLANNERS = ("lookahead", "hierarchical", "checkmate-lp", "fastsa")
 #: The replays that judge a plan (online DTR's, and the core following the plan) stop past this thrash limit
 #: (the runtime's default): a replay that thrashes counts as recomputing without end, and always ends.
 THRASH_LIMIT = 10.0
+#: FastSA's first-stage iterations per planning-graph node (its annealing rounds get a tenth): the paper's
+#: fixed 20M would take the whole time limit on a small step; a 1000-node GPT step gets the paper's count.
+FASTSA_STEPS_PER_NODE = 20_000
 #: The planner a plan uses unless told.
 DEFAULT_PLANNER = AUTO
 EVICT, RECOMPUTE = 0, 1
@@ -203,11 +209,14 @@ def make_step_plan(log: Union[Log, str, os.PathLike], budget: int, planner: str 
     except PlanGraphError as e:
         return _no_plan("n/a", str(e), *args)
     best: Optional[StepPlan] = None
+    best_seq: Optional[Tuple[int, ...]] = None
     why: List[str] = []
-    for name in names:
-        p = _candidate(log, g, pg, fps, name, int(budget), online, time_limit / len(names))
+    deadline = time.perf_counter() + time_limit
+    for i, name in enumerate(names):
+        share = max(0.0, deadline - time.perf_counter()) / (len(names) - i)
+        p, seq = _candidate(log, g, pg, fps, name, int(budget), online, share, best_seq)
         if p.ok and (best is None or p.predicted_remat < best.predicted_remat):
-            best = p
+            best, best_seq = p, seq
         msg = p.message if len(p.message) <= 300 else p.message[:297] + "..."
         why.append(f"{name}: {p.status} ({msg})" if len(names) > 1 else p.message)
     if best is None:
@@ -220,12 +229,28 @@ def make_step_plan(log: Union[Log, str, os.PathLike], budget: int, planner: str 
 
 
 def _candidate(log: Log, g: Graph, pg, fps: Sequence[int], planner: str, budget: int, online: float,
-               time_limit: float) -> StepPlan:
-    """One planner's plan, with what following it recomputes (Note [What a plan predicts])."""
+               time_limit: float, start: Optional[Tuple[int, ...]] = None
+               ) -> Tuple[StepPlan, Optional[Tuple[int, ...]]]:
+    """One planner's plan, with what following it recomputes (Note [What a plan predicts]), and its sequence.
+
+    ``start``: the best sequence so far, which FastSA refines along with its own warm starts.
+    """
+    res = run_planner(planner, pg, budget, PlanOptions(time_limit=time_limit, in_order=True, start=start,
+                                                       sa_steps=FASTSA_STEPS_PER_NODE * pg.n))
+    plan = _followed(log, g, pg, fps, planner, budget, online, res)
+    return plan, (res.sequence if plan.ok else None)
+
+
+def _followed(log: Log, g: Graph, pg, fps: Sequence[int], planner: str, budget: int, online: float,
+              res: PlanResult) -> StepPlan:
+    """The plan of a planner's result, if following it finishes and recomputes less than online DTR."""
     args = (fps, planner, budget, online, g.base_compute, g.cost_unit)
-    res = run_planner(planner, pg, budget, PlanOptions(time_limit=time_limit))
     if res.sequence is None:
         return _no_plan(res.status, res.message, *args, seconds=res.solve_seconds)
+    bad = out_of_order(res.sequence)
+    if bad is not None:  # Note [Schedules a step can follow]
+        return _no_plan("invalid", f"the schedule computes node {bad[1]} for the first time after node {bad[0]}: "
+                                   f"a step runs its ops in the program's order", *args, seconds=res.solve_seconds)
     schedule = plan_schedule(pg, res.sequence)
     ev = evaluate(g, schedule.steps, budget)
     if not ev.valid:

@@ -73,7 +73,7 @@ WORKER = textwrap.dedent("""
             with dtr.budget(None, cost_model="flops") as probe:
                 loss, grads = step(k, x, y)
             limit = budget_at(const, probe.stats["peak_bytes"], FRACTION)
-            planned = dtr.budget(limit, cost_model="flops", plan=PlanPolicy(background="inline"))
+            planned = dtr.budget(limit, cost_model="flops", plan=PlanPolicy(background="inline", time_limit=6))
         else:
             if mode == "dtr":
                 with dtr.budget(None, cost_model="flops") as probe:  # the plain step's peak, on a copy

@@ -14,7 +14,7 @@ from dtr.sim.chain import chain_log
 from dtr.sim.planners import PlanOptions, run_planner
 from dtr.sim.planners.bounds import memory_lower_bound
 from dtr.sim.planners.fastsa import _spread, anneal, group_nodes, group_problem, node_problem
-from dtr.sim.schedule import evaluate, plan_schedule, sequence_profile, sequence_steps
+from dtr.sim.schedule import evaluate, out_of_order, plan_schedule, sequence_profile, sequence_steps
 
 COLD = PlanOptions(time_limit=10, sa_steps=1_000_000, seed=1, warm_start=False)
 
@@ -143,3 +143,43 @@ def test_soft_peak_anneals_to_a_valid_plan():
     assert (peak, cost) == (st.peak, pytest.approx(st.cost))
     if st.feasible:
         assert evaluate(g, plan_schedule(pg, seq).steps, budget).valid
+
+
+def _in_order_case(seed):
+    """Anneal a random graph's lookahead plan with and without the order; whether the free run broke it."""
+    rng = random.Random(seed)
+    g, pg = graphs(random_dag(seed, n=30) if seed % 2 else hetero_chain(20, rng))
+    budget = max(int(0.5 * no_remat_peak(pg)), memory_lower_bound(pg).bytes)
+    # the same start: the lookahead plan (in order, within the budget)
+    start = run_planner("lookahead", pg, budget, PlanOptions()).sequence
+    assert start is not None and out_of_order(start) is None
+    moved = []
+    for keep in (False, True):
+        st = anneal(node_problem(pg), _spread(start, pg.n), budget, 200_000, (1e-3, 1e-7), 0.0, seed, 10.0, False,
+                    keep_order=keep)
+        seq = [v for v in st.slots if v >= 0]
+        moved.append(out_of_order(seq) is not None)
+        peak, cost = sequence_profile(pg, sequence_steps(pg, seq))
+        assert peak == st.peak and cost == pytest.approx(st.cost)
+    assert moved[1] is False
+    r = run_planner("fastsa", pg, budget, PlanOptions(time_limit=10, sa_steps=200_000, seed=seed, in_order=True))
+    assert r.status == "ok" and r.sequence is not None and out_of_order(r.sequence) is None, r.message
+    check_schedule(g, pg, r, budget)
+    return moved[0]
+
+
+def test_in_order_annealing_keeps_first_computations_in_the_graphs_order():
+    # Note [Schedules a step can follow]: a runtime step runs its ops once, in order
+    moved = [_in_order_case(seed) for seed in range(6)]
+    assert any(moved)  # (the unconstrained annealer does break the order, so the checks above could fail)
+
+
+def test_in_order_annealing_refuses_a_start_out_of_order():
+    g, pg = graphs(random_dag(1, n=12))
+    seq = list(range(pg.n))
+    i = next(i for i in range(pg.n - 1) if i not in pg.deps[i + 1] and not pg.pinned[i] and not pg.pinned[i + 1])
+    seq[i], seq[i + 1] = seq[i + 1], seq[i]
+    assert out_of_order(seq) == (i + 1, i)
+    anneal(node_problem(pg), _spread(seq, pg.n), 10**15, 10, (1.0, 1.0), 1.0, 0, 0.0, False)  # (fine unordered)
+    with pytest.raises(ValueError, match="out of order"):
+        anneal(node_problem(pg), _spread(seq, pg.n), 10**15, 10, (1.0, 1.0), 1.0, 0, 0.0, False, keep_order=True)

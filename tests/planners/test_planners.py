@@ -7,6 +7,7 @@ import math
 import random
 import subprocess
 import sys
+from dataclasses import replace
 
 import pytest
 from support.paths import LOGS
@@ -18,7 +19,7 @@ from dtr.sim.chain import chain_log
 from dtr.sim.compare import budget_range, compare
 from dtr.sim.graph import chain_shape, graph_from_log, plan_graph
 from dtr.sim.planners import STATUSES, PlanOptions, get_planner, planner_names, run_planner
-from dtr.sim.schedule import evaluate, plan_schedule, sequence_profile, sequence_steps
+from dtr.sim.schedule import evaluate, out_of_order, plan_schedule, sequence_profile, sequence_steps
 
 FAST = PlanOptions(time_limit=10, sa_steps=20000, rounds=16)
 
@@ -118,6 +119,12 @@ def test_every_planner_schedule_passes_the_evaluator(data_dir):
                 assert (r.sequence is None) == (ev is None)
                 if r.status in ("optimal", "ok"):
                     assert ev is not None
+                # Note [Schedules a step can follow]: every planner but FastSA keeps the graph's order; FastSA
+                # does when told (the planned runtime steps tell it)
+                if name == "fastsa":
+                    r, _ = _run(name, g, pg, b, replace(FAST, in_order=True))
+                if r.sequence is not None:
+                    assert out_of_order(r.sequence) is None, name
     assert {"ok", "optimal", "n/a"} <= statuses
 
 

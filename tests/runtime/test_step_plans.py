@@ -20,7 +20,7 @@ from dtr.sim import read_log
 from dtr.sim.replay import replay
 from dtr.sim.step_plan import log_fingerprints, step_signature
 
-INLINE = PlanPolicy(background="inline", time_limit=20)
+INLINE = PlanPolicy(background="inline", time_limit=6)
 
 
 def _case(name: str):
@@ -149,7 +149,7 @@ def test_planning_in_a_process_of_its_own():
     m, x, step = _case("mlp")
     b = budget_at(constant_bytes(m, x), peak_of(step), 0.5)
     m, x, step = _case("mlp")
-    mem = dtr.budget(b, plan=True, cost_model="flops")  # (the default: a process)
+    mem = dtr.budget(b, plan=6.0, cost_model="flops")  # (the default: a process; a time limit of 6 s)
     for _ in range(4):
         with mem:
             step()

@@ -11,8 +11,10 @@ from support.planner_graphs import random_dag
 from dtr.cli import main
 from dtr.core import Core, FollowPlan, ReplayStatus, replay_program
 from dtr.sim import parse_text, read_log
-from dtr.sim.graph import graph_from_log
+from dtr.sim.graph import graph_from_log, plan_graph
+from dtr.sim.planners import PlanOptions, PlanResult, run_planner
 from dtr.sim.replay import baseline, replay
+from dtr.sim.schedule import evaluate, out_of_order, plan_schedule
 from dtr.sim.step_plan import (
     EVICT,
     RECOMPUTE,
@@ -147,3 +149,34 @@ def test_constants_a_step_declares_besides_do_not_end_the_plan(seed):
     r = replay(later, "eqclass", b + 6, thrash_limit=math.inf, plan=plan, check=True)
     assert r.status == "ok" and r.plan_diverged_at is None and r.plan_ops == len(plan.fingerprints)
     assert r.remat_compute == plan.predicted_remat
+
+
+def test_a_schedule_out_of_the_programs_order_is_refused(monkeypatch):
+    # Note [Schedules a step can follow]: a step runs every op once, in order, so a sequence that computes a
+    # node for the first time before an earlier one cannot be followed (the plan points would sit at the
+    # wrong ops); make_step_plan refuses it, whichever planner made it
+    from dtr.sim import step_plan
+    log = parse_text(random_dag(3, 30, kept=2, multi=True))
+    b = int(baseline(log)["peak_memory"] * 0.9)
+    pg = plan_graph(graph_from_log(log))
+    seq = list(range(pg.n))
+    i = next(i for i in range(pg.n - 1) if i not in pg.deps[i + 1] and not pg.pinned[i] and not pg.pinned[i + 1])
+    seq[i], seq[i + 1] = seq[i + 1], seq[i]
+    assert evaluate(graph_from_log(log), plan_schedule(pg, seq).steps).valid  # (a valid schedule otherwise)
+    monkeypatch.setattr(step_plan, "run_planner", lambda *a: PlanResult("lookahead", "ok", tuple(seq)))
+    plan = make_step_plan(log, b, "lookahead")
+    assert plan.status == "invalid" and "program's order" in plan.message and not plan.steps
+
+
+@pytest.mark.parametrize("frac", [0.5, 0.4])
+def test_fastsa_plans_a_step_in_the_programs_order(frac):
+    # FastSA's grouping and moves break the order (its sequences are out of order on this log); for a step
+    # it anneals under it, and its plan is kept: following it recomputes less than online DTR
+    log = read_log(UNET)
+    b = int(baseline(log)["peak_memory"] * frac)
+    pg = plan_graph(graph_from_log(log))
+    free = run_planner("fastsa", pg, b, PlanOptions(time_limit=4, seed=1))
+    assert free.sequence is not None and out_of_order(free.sequence) is not None
+    plan = make_step_plan(log, b, "fastsa", time_limit=4)
+    assert plan.ok, plan.message
+    assert plan.predicted_remat < plan.online_remat

@@ -48,6 +48,13 @@ class PlanOptions:
             Chen's, lookahead's and DTR's simulated runs that fits (Note [DTR runs as
             starts] in dtr.sim.export); the ILP gets the cost of the cheapest of
             Rotor's, Chen's and DTR's runs as a cutoff.
+        in_order: the sequence computes each node for the first time in the
+            graph's order, as a runtime step runs its program (Note [Schedules
+            a step can follow] in dtr.sim.schedule). Only FastSA needs telling:
+            it then anneals under the order, from in-order starts only; the
+            other planners keep it always.
+        start: a compute sequence FastSA also refines when it fits (another
+            planner's: ``auto`` plans hand FastSA the best one so far).
     """
 
     time_limit: float = 60.0
@@ -57,6 +64,8 @@ class PlanOptions:
     sa_steps: int = 0
     rotor_slots: int = 256
     warm_start: bool = True
+    in_order: bool = False
+    start: Optional[Tuple[int, ...]] = None
 
 
 @dataclass(frozen=True)

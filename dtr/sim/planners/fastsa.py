@@ -13,7 +13,7 @@ from typing import List, Optional, Sequence, Tuple
 from dtr.sim.export import dtr_starts
 from dtr.sim.graph import PlanGraph, chain_shape
 from dtr.sim.planners.base import PlanOptions, PlanResult, get_planner, register_planner
-from dtr.sim.schedule import sequence_profile, sequence_steps
+from dtr.sim.schedule import out_of_order, sequence_profile, sequence_steps
 
 __all__ = ["plan_fastsa", "Grouping", "group_nodes", "Problem", "node_problem", "group_problem", "Stage", "anneal",
            "FIXED", "PINNED", "KEEP"]
@@ -74,6 +74,12 @@ __all__ = ["plan_fastsa", "Grouping", "group_nodes", "Problem", "node_problem", 
 #   planners with a quarter of the time left each: Note [DTR runs as starts]
 #   in dtr.sim.export) the cold start gets COLD_SHARE of the time and
 #   the warm plan's second-stage refinement the rest; the cheaper result wins.
+# - With ``options.in_order`` (a plan for a runtime step: Note [Schedules a
+#   step can follow] in dtr.sim.schedule) every run rejects a mutation that
+#   moves a first computation past another's, warm starts out of order are
+#   dropped, and no node is grouped: the warm start gets all the time, and only
+#   without one is there a cold start, the graph's order itself (on the GPT
+#   step at 50% it never reached the budget).
 # - A budget below the memory every schedule needs is refused by run_planner
 #   before this planner runs (``infeasible``: Note [A memory lower bound]).
 # The result is checked on sequence_profile. Seeded by ``options.seed``: the
@@ -253,7 +259,7 @@ def _csr(rows: Sequence[Sequence[int]]) -> Tuple[List[int], List[int]]:
 
 def anneal(problem: Problem, slots: Sequence[int], budget: int, iterations: int, temps: Tuple[float, float],
            temp_scale: float, seed: int, time_limit: float, stop_when_feasible: bool,
-           soft_peak: bool = False) -> Stage:
+           soft_peak: bool = False, keep_order: bool = False) -> Stage:
     """One annealing run (see Note [FastSA]); the loop is ``dtr._C.fastsa_anneal``.
 
     Args:
@@ -268,12 +274,15 @@ def anneal(problem: Problem, slots: Sequence[int], budget: int, iterations: int,
         stop_when_feasible: stop once the peak is within the budget.
         soft_peak: the objective's peak is the log-sum-exp over the slots
             (appendix C.2; feasibility still counts the true peak).
+        keep_order: units' first computations stay in unit order (the start
+            must have them so; Note [Schedules a step can follow] in dtr.sim.schedule).
 
     Returns:
         The :class:`Stage`.
 
     Raises:
-        ValueError: inconsistent arrays, or a start state that reads before it produces.
+        ValueError: inconsistent arrays, a start state that reads before it produces, or one out of order
+            under ``keep_order``.
     """
     from dtr import _C
     in_ptr, in_idx = _csr(problem.reads)
@@ -281,7 +290,7 @@ def anneal(problem: Problem, slots: Sequence[int], budget: int, iterations: int,
     r = _C.fastsa_anneal(in_ptr, in_idx, out_ptr, out_idx, list(problem.extra), list(problem.cost),
                          list(problem.unit_flags), list(problem.size), list(problem.value_flags), list(slots),
                          int(budget), int(iterations), temps[0], temps[1], temp_scale, seed & (2**64 - 1),
-                         time_limit, stop_when_feasible, soft_peak)
+                         time_limit, stop_when_feasible, soft_peak, keep_order)
     return Stage(slots=tuple(r["slots"]), iterations=r["iterations"], accepted=r["accepted"], peak=r["peak"],
                  cost=r["cost"], feasible=r["feasible"], objective0=r["objective0"], temp_end=r["temp_end"])
 
@@ -308,7 +317,8 @@ def plan_fastsa(pg: PlanGraph, budget: int, options: PlanOptions) -> PlanResult:
         budget: bytes.
         options: ``time_limit`` (holds), ``seed``, ``sa_steps`` (the first
             stage's iterations; the second gets a tenth; 0: the paper's 20M
-            and 2M), ``warm_start``.
+            and 2M), ``warm_start``, ``in_order`` (no grouping: the cold start
+            is the graph's order, and every run keeps first computations in it).
 
     Returns:
         ``ok`` with the cheapest sequence found within the budget, else
@@ -319,23 +329,34 @@ def plan_fastsa(pg: PlanGraph, budget: int, options: PlanOptions) -> PlanResult:
     n1 = options.sa_steps or N1
     n2 = max(options.sa_steps // 10, 1000) if options.sa_steps else N2
     warm_seq, warm_name = _warm_start(pg, budget, options, deadline) if options.warm_start else (None, "")
-    # with a warm start the cold start gets COLD_SHARE of the time left, the warm start's refinement the rest
+    # with a warm start the cold start gets COLD_SHARE of the time left, the warm start's refinement the rest;
+    # in order, a warm start gets all of it (Note [FastSA])
     now = time.perf_counter()
+    order = options.in_order
     cold_deadline = deadline if warm_seq is None else now + COLD_SHARE * (deadline - now)
-    gr = group_nodes(pg)
-    units = gr.units
-    stage1 = anneal(group_problem(pg, gr), _spread(range(len(units)), len(units)), budget, n1,
-                    (TEMP0, TEMP0 * TEMP_DROP), 0.0, options.seed,
-                    max(1e-3, STAGE1_SHARE * (cold_deadline - time.perf_counter())), True)
-    seq1 = [m for u in stage1.slots if u >= 0 for m in gr.members[u]]
     nodes = node_problem(pg)
     cands: List[Tuple[str, Stage]] = []
-    cold = _refine(nodes, seq1, budget, n2, options.seed + 1, cold_deadline, n1)
-    cands.append((f"cold start ({len(units)} units after grouping, {stage1.iterations} + {cold.iterations} "
-                  f"iterations)", cold))
+    if order and warm_seq is None:
+        cold = _refine(nodes, range(pg.n), budget, n2, options.seed + 1, cold_deadline, n1, keep_order=True)
+        cands.append((f"cold start (in order, {cold.iterations} iterations)", cold))
+    elif not order:
+        gr = group_nodes(pg)
+        units = gr.units
+        stage1 = anneal(group_problem(pg, gr), _spread(range(len(units)), len(units)), budget, n1,
+                        (TEMP0, TEMP0 * TEMP_DROP), 0.0, options.seed,
+                        max(1e-3, STAGE1_SHARE * (cold_deadline - time.perf_counter())), True)
+        seq1 = [m for u in stage1.slots if u >= 0 for m in gr.members[u]]
+        cold = _refine(nodes, seq1, budget, n2, options.seed + 1, cold_deadline, n1)
+        cands.append((f"cold start ({len(units)} units after grouping, {stage1.iterations} + {cold.iterations} "
+                      f"iterations)", cold))
     if warm_seq is not None:
-        warm = _refine(nodes, warm_seq, budget, n2, options.seed + 2, deadline, n1)
-        cands.append((f"{warm_name} ({warm.iterations} iterations)", warm))
+        # the model counts more than the schedule keeps (Note [Planned frees] in dtr.sim.schedule): a warm
+        # start within the budget may be above it in the model, so the model's budget grows by the start's
+        # excess, and the start itself stays a candidate (the checks below decide)
+        as_is = anneal(nodes, _spread(warm_seq, pg.n), budget, 0, (1.0, 1.0), 1.0, 0, 0.0, False)
+        slack = max(0, as_is.peak - sequence_profile(pg, sequence_steps(pg, warm_seq))[0])
+        warm = _refine(nodes, warm_seq, budget + slack, n2, options.seed + 2, deadline, n1, keep_order=order)
+        cands += [(f"{warm_name} ({warm.iterations} iterations)", warm), (warm_name, as_is)]
     best: Optional[Tuple[float, List[int], str]] = None
     lowest = min(s.peak for _, s in cands)
     for name, st in cands:
@@ -351,7 +372,7 @@ def plan_fastsa(pg: PlanGraph, budget: int, options: PlanOptions) -> PlanResult:
 
 
 def _refine(problem: Problem, seq: Sequence[int], budget: int, iterations: int, seed: int, deadline: float,
-            hot_iterations: int) -> Stage:
+            hot_iterations: int, keep_order: bool = False) -> Stage:
     """The second stage (Note [FastSA]) on single nodes from ``seq``, then more rounds until the deadline.
 
     A round from a state above the budget first anneals hot (the first stage's temperatures, on single
@@ -368,12 +389,12 @@ def _refine(problem: Problem, seq: Sequence[int], budget: int, iterations: int, 
         slots = _spread(state, n)
         if best is not None and not best.feasible:
             hot = anneal(problem, slots, budget, hot_iterations, (TEMP0, TEMP0 * TEMP_DROP), 0.0,
-                         seed + 7919 * rnd + 1, max(1e-3, 0.5 * left), True)
+                         seed + 7919 * rnd + 1, max(1e-3, 0.5 * left), True, keep_order=keep_order)
             its += hot.iterations
             slots = _spread([v for v in hot.slots if v >= 0], n)
         temps = (TEMP0, TEMP0 * TEMP_DROP) if rnd == 0 else (TEMP0 * REFINE_COOL, TEMP0 * TEMP_DROP * REFINE_COOL)
         st = anneal(problem, slots, budget, iterations, temps, 0.0, seed + 7919 * rnd,
-                    max(1e-3, deadline - time.perf_counter()), False)
+                    max(1e-3, deadline - time.perf_counter()), False, keep_order=keep_order)
         its += st.iterations
         improved = best is None or (st.feasible, -st.cost, -st.peak) > (best.feasible, -best.cost, -best.peak)
         if improved:
@@ -392,7 +413,9 @@ REFINE, REFINE_COOL = 8, 0.1
 
 
 def _warm_start(pg: PlanGraph, budget: int, options: PlanOptions, deadline: float) -> Tuple[Optional[List[int]], str]:
-    """The cheapest sequence within the budget from Chen, Rotor, lookahead or DTR's runs (None if none fits).
+    """The cheapest sequence within the budget from Chen, Rotor, lookahead, ``options.start`` or DTR's runs.
+
+    None if none fits.
 
     Rotor runs only where its estimated time (ROTOR_SECONDS per chain length squared and memory slot)
     is under a quarter of the time left, so that the warm start keeps the time limit.
@@ -409,13 +432,18 @@ def _warm_start(pg: PlanGraph, budget: int, options: PlanOptions, deadline: floa
             r = get_planner(name)(pg, budget, replace(options, time_limit=0.25 * left))
         except Exception:  # a failing seed planner only loses the warm start
             continue
-        if r.sequence is None:
+        if r.sequence is None or options.in_order and out_of_order(r.sequence) is not None:
             continue
         peak, cost = sequence_profile(pg, sequence_steps(pg, list(r.sequence)))
         if peak <= budget and (best is None or cost < best[0]):
             best = (cost, list(r.sequence), f"{name}'s plan")
+    if options.start is not None and not (options.in_order and out_of_order(options.start) is not None):
+        peak, cost = sequence_profile(pg, sequence_steps(pg, list(options.start)))
+        if peak <= budget and (best is None or cost < best[0]):
+            best = (cost, list(options.start), "the given start")
     # DTR's runs (Note [DTR runs as starts] in dtr.sim.export), in at most half the time left
-    starts = dtr_starts(pg, budget, time.perf_counter() + 0.5 * (deadline - time.perf_counter()))
+    starts = [s for s in dtr_starts(pg, budget, time.perf_counter() + 0.5 * (deadline - time.perf_counter()))
+              if not options.in_order or out_of_order(s[2]) is None]
     if starts and (best is None or starts[0][0] < best[0]):
         best = (starts[0][0], starts[0][2], starts[0][1])
     if best is None:
