@@ -471,3 +471,20 @@ def test_lookahead_plans_fit_when_eviction_rounds_sample(monkeypatch):
             ev = evaluate(g, plan_schedule(pg, seq).steps, b)
             assert ev.valid and ev.peak_bytes <= b, (seed, multi, ev.error)
     assert fitted >= 40 and recomputed >= 30
+
+
+def test_a_planner_without_its_optional_module_is_not_applicable(monkeypatch):
+    # plan=True's auto runs checkmate-lp, which needs scipy (the [planners] extra): without it the planner
+    # says so and auto goes on with the others
+    from dtr.sim.step_plan import make_step_plan
+    log = parse_text(random_dag(2, n=20))
+    g = graph_from_log(log)
+    pg = plan_graph(g)
+    b = int(0.7 * no_remat_peak(pg))
+    for mod in [m for m in sys.modules if m == "scipy" or m.startswith("scipy.")]:
+        monkeypatch.delitem(sys.modules, mod)
+    monkeypatch.setitem(sys.modules, "scipy", None)
+    r = run_planner("checkmate-lp", pg, b, FAST)
+    assert r.status == "n/a" and "scipy" in r.message and "dtr[planners]" in r.message
+    plan = make_step_plan(log, b, "auto", time_limit=4)
+    assert plan.ok and not plan.planner.endswith("checkmate-lp"), plan.message

@@ -130,7 +130,8 @@ def run_planner(name: str, pg: PlanGraph, budget: int, options: Optional[PlanOpt
     Returns:
         The planner's result; ``infeasible`` without running it when the
         budget is below the memory every schedule needs
-        (:func:`dtr.sim.planners.bounds.memory_lower_bound`).
+        (:func:`dtr.sim.planners.bounds.memory_lower_bound`); ``n/a`` when
+        it needs a module that is not installed (scipy, for the ILPs).
 
     Raises:
         ValueError: unknown planner.
@@ -142,5 +143,9 @@ def run_planner(name: str, pg: PlanGraph, budget: int, options: Optional[PlanOpt
         return PlanResult(name, "infeasible", None, time.perf_counter() - t0,
                           message=f"every schedule needs at least {bound.bytes} bytes, over the budget of "
                                   f"{int(budget)}: {bound.reason}")
-    res = fn(pg, int(budget), options or PlanOptions())
+    try:
+        res = fn(pg, int(budget), options or PlanOptions())
+    except ModuleNotFoundError as e:  # an optional dependency: the ILPs need scipy (the [planners] extra)
+        return PlanResult(name, "n/a", None, time.perf_counter() - t0,
+                          message=f"needs the module {e.name!r}: pip install 'dtr[planners]'")
     return replace(res, planner=name, solve_seconds=time.perf_counter() - t0)
