@@ -11,7 +11,10 @@ C and P are bench_runtime.py's (P from the plain step's RSS high-water mark,
 measured here once). For each budget ``C + f * P`` one step runs under
 ``dtr.budget`` with measured op times, and the next is recorded as a log.
 Every planner (``dtr-sim compare``'s, the Checkmate ILP included) schedules
-that log at the budget, the one evaluator checks each schedule, and the
+that log at the budget in the program's order of first computations (FastSA
+told so: Note [Schedules a step can follow] in dtr.sim.schedule; a schedule
+out of that order is no floor, as a step cannot follow it), the one
+evaluator checks each schedule, and the
 default plan (``plan=True``: ``auto``) is made and replayed as the runtime
 would follow it. The report gives each schedule's recomputation (the log's
 op times) and what a step would take if it cost plain PyTorch's time plus
@@ -77,7 +80,8 @@ def main(argv: Optional[List[str]] = None) -> int:
              f"{peak / 2**20:.1f} MiB (the plain step's RSS high-water mark). Plain step {plain:.3f} s, per-block "
              f"checkpointing {ckpt:.3f} s ({ckpt / plain:.2f}× plain), medians of {a.rounds} alternating steps. "
              f"Recomputation in the recorded step's measured op times; *floor*: plain + that recomputation, the "
-             f"fastest a step following the schedule could be. Planner time limit {a.time_limit:g} s.", ""]
+             f"fastest a step following the schedule could be. Every schedule computes each op first in the "
+             f"program's order (FastSA anneals under it). Planner time limit {a.time_limit:g} s.", ""]
     with tempfile.TemporaryDirectory() as tmp:
         for f in [float(x) for x in a.fracs.split(",")]:
             limit = int(const + f * peak)
@@ -85,7 +89,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             log = str(pathlib.Path(tmp) / f"gpt-{f}.jsonl")
             step("dtr", limit, log=log)
             rows = compare(log, [limit], PLANNERS, heuristics=["eqclass"],
-                           options=PlanOptions(time_limit=a.time_limit))
+                           options=PlanOptions(time_limit=a.time_limit, in_order=True))
             plan = make_step_plan(log, limit, "auto", time_limit=30.0)
             lines += [f"**C + {f:g} P = {limit / 2**20:.1f} MiB** (the recorded step's own compute "
                       f"{rows[0].base_compute * 1e-9:.3f} s):", "",

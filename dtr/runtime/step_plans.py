@@ -174,7 +174,8 @@ class _Job:
 
     def _plan_here(self, budget: int, policy: PlanPolicy) -> None:
         try:
-            self.plan = make_step_plan(self.log, budget, policy.planner, time_limit=policy.time_limit)
+            self.plan = make_step_plan(self.log, budget, policy.planner, time_limit=policy.time_limit,
+                                       later_steps=True)
         except (DtrError, ValueError, OSError) as e:
             self.error = str(e)
 

@@ -25,7 +25,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 2
     log, budget, planner, seconds, out = args
     try:
-        plan = make_step_plan(log, int(budget), planner, time_limit=float(seconds))
+        plan = make_step_plan(log, int(budget), planner, time_limit=float(seconds), later_steps=True)
         save_step_plan(plan, out)
     except (DtrError, ValueError, OSError) as e:
         print(f"dtr.sim.plan_worker: {e}", file=sys.stderr)

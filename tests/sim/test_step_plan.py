@@ -20,6 +20,7 @@ from dtr.sim.step_plan import (
     RECOMPUTE,
     StepPlan,
     StepPlanError,
+    later_step_log,
     load_step_plan,
     log_fingerprints,
     make_step_plan,
@@ -180,3 +181,31 @@ def test_fastsa_plans_a_step_in_the_programs_order(frac):
     plan = make_step_plan(log, b, "fastsa", time_limit=4)
     assert plan.ok, plan.message
     assert plan.predicted_remat < plan.online_remat
+
+
+def test_a_plan_for_later_steps_counts_the_constants_they_hold_from_their_start(tmp_path):
+    # Note [Planning the steps that follow]: a first block declares a constant at its first use; a later one
+    # declares every constant the program kept from its start. The plan is for the later steps.
+    lines = [{"op": "meta", "version": 1, "cost_unit": "ns"},
+             {"op": "constant", "id": "x", "size": 1},
+             {"op": "call", "name": "f", "inputs": ["x"], "outputs": ["a"], "sizes": [20], "aliases": [None],
+              "cost": 1},
+             {"op": "constant", "id": "w", "size": 30},    # kept: declared at the start of later steps
+             {"op": "constant", "id": "tmp", "size": 7},   # dropped below: stays where it is
+             {"op": "call", "name": "g", "inputs": ["a", "w", "tmp"], "outputs": ["b"], "sizes": [4],
+              "aliases": [None], "cost": 2},
+             {"op": "release", "id": "tmp"},
+             {"op": "release", "id": "a"}]
+    path = tmp_path / "first.jsonl"
+    path.write_text("".join(json.dumps(d) + "\n" for d in lines))
+    log = read_log(path)
+    later = later_step_log(log)
+    ids = [r.outputs[0] for r in later.records() if r.kind == "constant"]
+    assert ids == ["x", "w", "tmp"] and [r.kind for r in later.records()][:2] == ["constant", "constant"]
+    assert log_fingerprints(later) == log_fingerprints(log)  # (constants have no ordinal: the same plan points)
+    text = path.read_text()
+    bare = parse_text(text)
+    assert later_step_log(bare) is bare  # (a log without its file is planned as it is)
+    path.write_text("".join(json.dumps(d) + "\n" for d in lines[:2] + lines[3:4] + lines[2:3] + lines[4:]))
+    ordered = read_log(path)
+    assert later_step_log(ordered) is ordered  # (already as a later step records it)

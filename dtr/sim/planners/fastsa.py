@@ -80,6 +80,12 @@ __all__ = ["plan_fastsa", "Grouping", "group_nodes", "Problem", "node_problem", 
 #   dropped, and no node is grouped: the warm start gets all the time, and only
 #   without one is there a cold start, the graph's order itself (on the GPT
 #   step at 50% it never reached the budget).
+# - The model counts what sequence_steps frees early as live (an old version
+#   handed to its in-place write, a constant the log drops: Note [Planned
+#   frees] in dtr.sim.schedule), so on a runtime's log a warm start within the
+#   budget can be above it in the model (a small TreeLSTM step: 11% above). The warm
+#   start's refinement runs at the budget plus that excess, and the warm start
+#   itself stays a candidate; the check on sequence_profile decides.
 # - A budget below the memory every schedule needs is refused by run_planner
 #   before this planner runs (``infeasible``: Note [A memory lower bound]).
 # The result is checked on sequence_profile. Seeded by ``options.seed``: the
@@ -317,8 +323,8 @@ def plan_fastsa(pg: PlanGraph, budget: int, options: PlanOptions) -> PlanResult:
         budget: bytes.
         options: ``time_limit`` (holds), ``seed``, ``sa_steps`` (the first
             stage's iterations; the second gets a tenth; 0: the paper's 20M
-            and 2M), ``warm_start``, ``in_order`` (no grouping: the cold start
-            is the graph's order, and every run keeps first computations in it).
+            and 2M), ``warm_start``, ``start``, ``in_order`` (no grouping, and
+            every run keeps first computations in the graph's order).
 
     Returns:
         ``ok`` with the cheapest sequence found within the budget, else
@@ -350,9 +356,7 @@ def plan_fastsa(pg: PlanGraph, budget: int, options: PlanOptions) -> PlanResult:
         cands.append((f"cold start ({len(units)} units after grouping, {stage1.iterations} + {cold.iterations} "
                       f"iterations)", cold))
     if warm_seq is not None:
-        # the model counts more than the schedule keeps (Note [Planned frees] in dtr.sim.schedule): a warm
-        # start within the budget may be above it in the model, so the model's budget grows by the start's
-        # excess, and the start itself stays a candidate (the checks below decide)
+        # the model's budget grows by its excess on the start, which stays a candidate (Note [FastSA])
         as_is = anneal(nodes, _spread(warm_seq, pg.n), budget, 0, (1.0, 1.0), 1.0, 0, 0.0, False)
         slack = max(0, as_is.peak - sequence_profile(pg, sequence_steps(pg, warm_seq))[0])
         warm = _refine(nodes, warm_seq, budget + slack, n2, options.seed + 2, deadline, n1, keep_order=order)
