@@ -211,7 +211,8 @@ def later_step_log(log: Log) -> Log:
                and d["id"] in kept]
     if hoisted == list(range(first, first + len(hoisted))):
         return log  # (already at the start)
-    rest = [i for i in range(first, len(lines)) if i not in set(hoisted)]
+    moved = set(hoisted)
+    rest = [i for i in range(first, len(lines)) if i not in moved]
     order = list(range(first)) + hoisted + rest
     return parse_text("\n".join(lines[i] for i in order) + "\n", log.path)
 
