@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from support.hf import hf_train
-from support.models import TreeLSTM, cnn, mlp, random_tree
+from support.models import TinyGPT, TreeLSTM, cnn, mlp, random_tree
 from support.training import assert_same_state, budget_at, constant_bytes, grads_of, peak_of
 
 import dtr
@@ -217,3 +217,42 @@ def test_huggingface_trainer_follows_its_plan_from_the_second_step(tmp_path):
     assert first["evictions"] > 0 and all(s["planned_evictions"] > 0 for s in later), mem.step_stats
     assert all(s["peak_bytes"] <= mem.budget_bytes for s in mem.step_stats), mem.step_stats
     assert all(s["plan_diverged_at"] is None and s["remat_compute"] == s["predicted_remat"] for s in later)
+
+
+def test_a_plan_from_the_first_step_is_made_for_the_steps_that_follow():
+    # Note [Planning the steps that follow]: the first block counts the weights and gradients from the op that
+    # first touches them, later blocks from their first op, so later steps have less room early on. Planned
+    # as it stands, the first step's log judged every plan against an online DTR that later steps cannot
+    # match, and kept none here (measured); planned as later steps see it, the plan is kept, followed, and
+    # recomputes what it predicts, less than online DTR in those steps.
+    def case():
+        torch.manual_seed(0)
+        m = TinyGPT(64, 64, 2, 3, 64)
+        x = torch.randint(0, 64, (8, 64))
+        m(x).pow(2).mean().backward()  # the gradients exist before the first block: constants in it
+
+        def step():
+            torch.manual_seed(1)
+            m.zero_grad(set_to_none=False)
+            out = m(x).pow(2).mean()
+            out.backward()
+            return out.detach()
+        return m, x, step
+
+    m, x, step = case()
+    b = budget_at(constant_bytes(m, x) + sum(p.grad.untyped_storage().nbytes() for p in m.parameters()),
+                  peak_of(step), 0.4)
+    m, x, step = case()
+    for _ in range(3):
+        with dtr.budget(b, cost_model="flops") as online:
+            step()
+    want = grads_of(m)
+    m, x, step = case()
+    mem = dtr.budget(b, plan=INLINE, cost_model="flops")
+    for _ in range(3):
+        with mem:
+            step()
+    assert [s["plan"] for s in mem.step_stats] == ["recorded", "planned", "planned"], mem.plan_errors
+    for s in mem.step_stats[1:]:
+        assert s["evictions"] == 0 and s["remat_compute"] == s["predicted_remat"] < online.stats["remat_compute"]
+    assert all(torch.equal(a, b) for a, b in zip(grads_of(m), want))
