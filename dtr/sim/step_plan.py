@@ -18,12 +18,12 @@ import os
 import struct
 import time
 from dataclasses import dataclass, field, replace
-from typing import Dict, List, Optional, Sequence, Tuple, Union
+from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 from dtr.core import FollowPlan, ReplayStatus, replay_program
 from dtr.errors import DtrError
 from dtr.heuristics import get_heuristic
-from dtr.sim.graph import Graph, PlanGraphError, graph_from_log, plan_graph
+from dtr.sim.graph import Graph, PlanGraph, PlanGraphError, graph_from_log, plan_graph
 from dtr.sim.logs import Log, parse_text, read_bytes, read_log
 from dtr.sim.planners import PlanOptions, PlanResult, planner_names, run_planner
 from dtr.sim.schedule import COMPUTE, evaluate, out_of_order, plan_schedule
@@ -74,6 +74,11 @@ class StepPlan:
         cost_unit: the unit of the three.
         message: the planner's or evaluator's word.
         solve_seconds: the planner's wall time.
+        predicted_remats: the recomputations following the plan makes (the
+            evaluator's replay; ``predicted_remat`` is their ops' cost).
+        online_remats: those online DTR's replay makes.
+        remat_overhead: the cost charged per recomputation when the plan was
+            chosen, on top of its op's (Note [The cost of a recomputation]).
     """
 
     fingerprints: Tuple[int, ...]
@@ -88,6 +93,9 @@ class StepPlan:
     cost_unit: str
     message: str = ""
     solve_seconds: float = 0.0
+    predicted_remats: int = 0
+    online_remats: int = 0
+    remat_overhead: float = 0.0
     _follow: list = field(default_factory=list, repr=False, compare=False)  # the cached FollowPlan
 
     @property
@@ -108,7 +116,8 @@ class StepPlan:
 
     def to_json(self) -> dict:
         d = {k: getattr(self, k) for k in ("status", "planner", "budget_bytes", "predicted_remat", "online_remat",
-                                          "base_compute", "cost_unit", "message", "solve_seconds")}
+                                          "base_compute", "cost_unit", "message", "solve_seconds",
+                                          "predicted_remats", "online_remats", "remat_overhead")}
         if not math.isfinite(d["online_remat"]):
             d["online_remat"] = None
         return {"format": "dtr-step-plan", "version": 1, **d, "fingerprints": [str(f) for f in self.fingerprints],
@@ -128,7 +137,9 @@ class StepPlan:
                 predicted_remat=float(doc["predicted_remat"]),
                 online_remat=math.inf if online is None else float(online), base_compute=float(doc["base_compute"]),
                 cost_unit=str(doc["cost_unit"]), message=str(doc.get("message", "")),
-                solve_seconds=float(doc.get("solve_seconds", 0.0)))
+                solve_seconds=float(doc.get("solve_seconds", 0.0)),
+                predicted_remats=int(doc.get("predicted_remats", 0)), online_remats=int(doc.get("online_remats", 0)),
+                remat_overhead=float(doc.get("remat_overhead", 0.0)))
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise StepPlanError(f"not a step plan: {e}") from None
 
@@ -146,10 +157,41 @@ def log_fingerprints(log: Log) -> List[int]:
                 ["fingerprints"])
 
 
-def _no_plan(status: str, message: str, fps: Sequence[int], planner: str, budget: int, online: float,
-             base: float, unit: str, seconds: float = 0.0, predicted: float = math.inf) -> StepPlan:
-    return StepPlan(tuple(fps), tuple([0] * (len(fps) + 1)), (), status, planner, budget, predicted, online, base,
-                    unit, message, seconds)
+class _Baseline(NamedTuple):
+    """What every candidate plan of one step is judged against."""
+
+    fps: Tuple[int, ...]   # the step's fingerprints
+    budget: int
+    online: float          # online DTR's recomputation (its ops' cost; inf: it does not finish)
+    online_remats: int     # and its count
+    base: float            # the step's own compute
+    unit: str
+    overhead: float        # the charge per recomputation (Note [The cost of a recomputation])
+
+    def charged(self, remat: float, remats: int) -> float:
+        """A recomputation's total: its ops' cost and the charge per recomputation."""
+        return remat + remats * self.overhead
+
+    def plan(self, status: str, message: str, planner: str, seconds: float = 0.0, predicted: float = math.inf,
+             remats: int = 0, starts: Optional[Tuple[int, ...]] = None,
+             steps: Tuple[Tuple[int, int, int], ...] = ()) -> StepPlan:
+        """A StepPlan for this step (no steps: following nothing, with ``status`` saying why)."""
+        return StepPlan(self.fps, starts or tuple([0] * (len(self.fps) + 1)), steps, status, planner, self.budget,
+                        predicted, self.online, self.base, self.unit, message, seconds, predicted_remats=remats,
+                        online_remats=self.online_remats, remat_overhead=self.overhead)
+
+
+def _charged(pg: PlanGraph, overhead: float) -> PlanGraph:
+    """The planning graph with ``overhead`` added to each node's cost per operator it recomputes.
+
+    Views run with their base and are never recomputed on their own (Note [Versions] in
+    dtr/runtime/recompute.py), so only operators that allocate or write count.
+    """
+    if overhead <= 0:
+        return pg
+    g = pg.graph
+    n_ops = [sum(1 for k in ops if g.op_fresh[k] or g.op_kind[k] == "mutate") for ops in pg.ops]
+    return replace(pg, cost=tuple(c + overhead * n for c, n in zip(pg.cost, n_ops)))
 
 
 # Note [What a plan predicts]
@@ -165,6 +207,27 @@ def _no_plan(status: str, message: str, fps: Sequence[int], planner: str, budget
 # following the plan, predicts that run's recomputation, and keeps the plan
 # only if it finishes and recomputes less than online DTR's replay at the
 # same budget.
+
+
+# Note [The cost of a recomputation]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# A log's measured cost of an op is the op's own time. Recomputing it in the
+# runtime costs more: the recomputer rebuilds its inputs' views, hands over or
+# copies what it writes, and adopts or copies its outputs, in Python (Note
+# [Adopting recomputed bytes] in dtr/runtime/recompute.py). On the 2-core CPU
+# that was 30-130 us per recomputation (small GPT, MLP, CNN and TreeLSTM
+# steps), beside ops of 0.1-1 ms: small steps' recomputation ran 1.2-1.8x
+# their ops' cost. A plan that trades one expensive recomputation for several
+# cheap ones can lose what it predicts, and a prediction that leaves this out
+# is off by it. So make_step_plan takes ``remat_overhead``, a cost per
+# recomputation the runtime measured (StepPlans: what a step's recomputation
+# took beyond its ops' cost, per recomputation, the median of recent steps):
+# the planners see each node cost that much more per operator it recomputes
+# (_charged), the core's replays that judge a plan and online DTR count it per
+# recomputation, and the plan records the count it predicts
+# (``predicted_remats``) so that the runtime's prediction adds it at the
+# overhead it measures when the step runs. With costs that are not times the
+# charge is 0 and nothing changes.
 
 
 # Note [Planning the steps that follow]
@@ -218,7 +281,8 @@ def later_step_log(log: Log) -> Log:
 
 
 def make_step_plan(log: Union[Log, str, os.PathLike], budget: int, planner: str = DEFAULT_PLANNER, *,
-                   time_limit: float = 30.0, graph: Optional[Graph] = None, later_steps: bool = False) -> StepPlan:
+                   time_limit: float = 30.0, graph: Optional[Graph] = None, later_steps: bool = False,
+                   remat_overhead: float = 0.0) -> StepPlan:
     """Plan a recorded step at ``budget`` and write the schedule as a plan the core follows.
 
     The planner's schedule must pass the evaluator at the budget, and
@@ -239,6 +303,9 @@ def make_step_plan(log: Union[Log, str, os.PathLike], budget: int, planner: str 
         graph: the log's exact graph, if already extracted (not used with ``later_steps``).
         later_steps: plan for the steps after the recorded one, which count the constants the program
             keeps from their start (Note [Planning the steps that follow]); the runtime's plans do.
+        remat_overhead: a cost (the log's unit) charged per recomputation on top of its op's, when planning
+            and when judging a plan against online DTR: the runtime's own work around each one (Note [The
+            cost of a recomputation]). 0 for costs that are not measured times.
 
     Raises:
         ValueError: an unknown planner (the message lists the valid ones).
@@ -256,20 +323,23 @@ def make_step_plan(log: Union[Log, str, os.PathLike], budget: int, planner: str 
     g = graph or graph_from_log(log)
     online_raw = replay_program(log.program, get_heuristic("eqclass"), int(budget), semantics=log.semantics,
                                 thrash_limit=THRASH_LIMIT)
-    online = online_raw["remat_compute"] if online_raw["status"] == ReplayStatus.OK else math.inf
-    args = (fps, planner, int(budget), online, g.base_compute, g.cost_unit)
+    ok = online_raw["status"] == ReplayStatus.OK
+    if not (remat_overhead >= 0 and math.isfinite(remat_overhead)):
+        raise ValueError(f"remat_overhead must be a finite cost >= 0, not {remat_overhead!r}")
+    base = _Baseline(tuple(fps), int(budget), online_raw["remat_compute"] if ok else math.inf,
+                     online_raw["remats"] if ok else 0, g.base_compute, g.cost_unit, float(remat_overhead))
     try:
         pg = plan_graph(g)
     except PlanGraphError as e:
-        return _no_plan("n/a", str(e), *args)
+        return base.plan("n/a", str(e), planner)
     best: Optional[StepPlan] = None
     best_seq: Optional[Tuple[int, ...]] = None
     why: List[str] = []
     deadline = time.perf_counter() + time_limit
     for i, name in enumerate(names):
         share = max(0.0, deadline - time.perf_counter()) / (len(names) - i)
-        p, seq = _candidate(log, g, pg, fps, name, int(budget), online, share, best_seq)
-        if p.ok and (best is None or p.predicted_remat < best.predicted_remat):
+        p, seq = _candidate(log, g, pg, base, name, share, best_seq)
+        if p.ok and (best is None or _total(p) < _total(best)):
             best, best_seq = p, seq
         msg = p.message if len(p.message) <= 300 else p.message[:297] + "..."
         why.append(f"{name}: {p.status} ({msg})" if len(names) > 1 else p.message)
@@ -278,66 +348,72 @@ def make_step_plan(log: Union[Log, str, os.PathLike], budget: int, planner: str 
         status = "no gain" if len(names) > 1 else p.status
         if statuses and statuses <= {"no gain"}:
             status = "no gain"
-        return _no_plan(status, "; ".join(why), *args, predicted=p.predicted_remat)
+        return base.plan(status, "; ".join(why), planner, predicted=p.predicted_remat, remats=p.predicted_remats)
     return replace(best, planner=best.planner if planner != AUTO else f"{AUTO}:{best.planner}")
 
 
-def _candidate(log: Log, g: Graph, pg, fps: Sequence[int], planner: str, budget: int, online: float,
-               time_limit: float, start: Optional[Tuple[int, ...]] = None
-               ) -> Tuple[StepPlan, Optional[Tuple[int, ...]]]:
+def _total(p: StepPlan) -> float:
+    """A plan's predicted recomputation with its charge per recomputation."""
+    return p.predicted_remat + p.predicted_remats * p.remat_overhead
+
+
+def _candidate(log: Log, g: Graph, pg: PlanGraph, base: _Baseline, planner: str, time_limit: float,
+               start: Optional[Tuple[int, ...]] = None) -> Tuple[StepPlan, Optional[Tuple[int, ...]]]:
     """One planner's plan, with what following it recomputes (Note [What a plan predicts]), and its sequence.
 
     ``start``: the best sequence so far, which FastSA refines along with its own warm starts.
     """
-    res = run_planner(planner, pg, budget, PlanOptions(time_limit=time_limit, in_order=True, start=start,
-                                                       sa_steps=FASTSA_STEPS_PER_NODE * pg.n))
-    plan = _followed(log, g, pg, fps, planner, budget, online, res)
+    res = run_planner(planner, _charged(pg, base.overhead), base.budget,
+                      PlanOptions(time_limit=time_limit, in_order=True, start=start,
+                                  sa_steps=FASTSA_STEPS_PER_NODE * pg.n))
+    plan = _followed(log, g, pg, base, planner, res)
     return plan, (res.sequence if plan.ok else None)
 
 
-def _followed(log: Log, g: Graph, pg, fps: Sequence[int], planner: str, budget: int, online: float,
-              res: PlanResult) -> StepPlan:
+def _followed(log: Log, g: Graph, pg: PlanGraph, base: _Baseline, planner: str, res: PlanResult) -> StepPlan:
     """The plan of a planner's result, if following it finishes and recomputes less than online DTR."""
-    args = (fps, planner, budget, online, g.base_compute, g.cost_unit)
+    seconds = res.solve_seconds
     if res.sequence is None:
-        return _no_plan(res.status, res.message, *args, seconds=res.solve_seconds)
+        return base.plan(res.status, res.message, planner, seconds)
     bad = out_of_order(res.sequence)
     if bad is not None:  # Note [Schedules a step can follow]
-        return _no_plan("invalid", f"the schedule computes node {bad[1]} for the first time after node {bad[0]}: "
-                                   f"a step runs its ops in the program's order", *args, seconds=res.solve_seconds)
+        return base.plan("invalid", f"the schedule computes node {bad[1]} for the first time after node {bad[0]}: "
+                                    f"a step runs its ops in the program's order", planner, seconds)
     schedule = plan_schedule(pg, res.sequence)
-    ev = evaluate(g, schedule.steps, budget)
+    ev = evaluate(g, schedule.steps, base.budget)
     if not ev.valid:
-        return _no_plan("invalid", f"the evaluator refused the schedule: {ev.error}", *args,
-                        seconds=res.solve_seconds)
+        return base.plan("invalid", f"the evaluator refused the schedule: {ev.error}", planner, seconds)
     plan, followed = None, None
     for hold in (False, True):
         starts, steps = _plan_points(g, schedule.steps, hold_for_views=hold)
-        p = StepPlan(tuple(fps), starts, steps, "ok", planner, budget, math.inf, online, g.base_compute, g.cost_unit,
-                     res.message, res.solve_seconds)
-        run = replay_program(log.program, get_heuristic("eqclass"), budget, semantics=log.semantics,
+        p = base.plan("ok", res.message, planner, seconds, starts=starts, steps=steps)
+        run = replay_program(log.program, get_heuristic("eqclass"), base.budget, semantics=log.semantics,
                              thrash_limit=THRASH_LIMIT,
                              plan=p.follow_plan())
-        if followed is None or _better(run, followed):
+        if followed is None or _better(run, followed, base):
             plan, followed = p, run
     assert plan is not None and followed is not None
     schedule_remat = ev.total_compute - ev.base_compute
+    unit = g.cost_unit
     if followed["status"] != ReplayStatus.OK:
-        return _no_plan("no gain", f"following it ends {followed['status']}; the schedule recomputes "
-                                   f"{schedule_remat:g} {g.cost_unit}", *args, seconds=res.solve_seconds)
-    predicted = followed["remat_compute"]
-    if predicted >= online:
-        return _no_plan("no gain", f"following it recomputes {predicted:g} {g.cost_unit} (the schedule "
-                                   f"{schedule_remat:g}), online DTR {online:g}", *args, seconds=res.solve_seconds,
-                        predicted=predicted)
-    return replace(plan, predicted_remat=predicted,
-                   message=f"the schedule recomputes {schedule_remat:g} {g.cost_unit}, following it {predicted:g}")
+        return base.plan("no gain", f"following it ends {followed['status']}; the schedule recomputes "
+                                    f"{schedule_remat:g} {unit}", planner, seconds)
+    predicted, remats = followed["remat_compute"], followed["remats"]
+    charge = (f"; with {base.overhead:g} {unit} charged per recomputation, {remats} of them against online "
+              f"DTR's {base.online_remats}") if base.overhead > 0 else ""
+    if base.charged(predicted, remats) >= base.charged(base.online, base.online_remats):
+        return base.plan("no gain", f"following it recomputes {predicted:g} {unit} (the schedule "
+                                    f"{schedule_remat:g}), online DTR {base.online:g}{charge}", planner, seconds,
+                         predicted=predicted, remats=remats)
+    return replace(plan, predicted_remat=predicted, predicted_remats=remats,
+                   message=f"the schedule recomputes {schedule_remat:g} {unit}, following it {predicted:g}{charge}")
 
 
-def _better(a: dict, b: dict) -> bool:
+def _better(a: dict, b: dict, base: _Baseline) -> bool:
     """Whether replay ``a`` is better than ``b``: it finishes where ``b`` does not, or recomputes less."""
     a_ok, b_ok = a["status"] == ReplayStatus.OK, b["status"] == ReplayStatus.OK
-    return a_ok and (not b_ok or a["remat_compute"] < b["remat_compute"])
+    return a_ok and (not b_ok or base.charged(a["remat_compute"], a["remats"])
+                     < base.charged(b["remat_compute"], b["remats"]))
 
 
 # Note [Plan points]

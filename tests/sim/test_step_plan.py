@@ -1,6 +1,7 @@
 """Plans made from a log with the future known, and the core following them (dtr.sim.step_plan, core_follow.cpp)."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
@@ -20,6 +21,7 @@ from dtr.sim.step_plan import (
     RECOMPUTE,
     StepPlan,
     StepPlanError,
+    _charged,
     later_step_log,
     load_step_plan,
     log_fingerprints,
@@ -82,11 +84,12 @@ def test_random_graphs_follow_their_plans_within_budget(seed):
 
 
 def test_plans_round_trip_and_bad_files_say_why(tmp_path):
-    _, _, plan = _unet_plan()
+    _, _, made = _unet_plan()
     p = tmp_path / "p.json"
-    save_step_plan(plan, p)
-    again = load_step_plan(p)
-    assert again == plan and again.signature == step_signature(plan.fingerprints)
+    for plan in (made, dataclasses.replace(made, remat_overhead=2.5, predicted_remats=7, online_remats=9)):
+        save_step_plan(plan, p)
+        again = load_step_plan(p)
+        assert again == plan and again.signature == step_signature(plan.fingerprints)
     (tmp_path / "bad.json").write_text(json.dumps({"format": "dtr-step-plan"}))
     with pytest.raises(StepPlanError, match="bad.json"):
         load_step_plan(tmp_path / "bad.json")
@@ -209,3 +212,36 @@ def test_a_plan_for_later_steps_counts_the_constants_they_hold_from_their_start(
     path.write_text("".join(json.dumps(d) + "\n" for d in lines[:2] + lines[3:4] + lines[2:3] + lines[4:]))
     ordered = read_log(path)
     assert later_step_log(ordered) is ordered  # (already as a later step records it)
+
+
+def test_a_charge_per_recomputation_is_planned_for_and_predicted():
+    log, b, _ = _unet_plan()
+    g = graph_from_log(log)
+    pg = plan_graph(g)
+    charge = 5 * g.base_compute / g.num_ops                       # five average ops per recomputation
+    charged = _charged(pg, charge)
+    for k, ops in enumerate(pg.ops):                              # per op it recomputes; views ride along
+        n = sum(1 for o in ops if g.op_fresh[o] or g.op_kind[o] == "mutate")
+        assert charged.cost[k] == pytest.approx(pg.cost[k] + charge * n)
+    assert any(len(ops) > 1 for ops in pg.ops) and any(not g.op_fresh[o] for ops in pg.ops for o in ops)
+    plan = make_step_plan(log, b, "lookahead", remat_overhead=charge)
+    assert plan.ok, plan.message
+    assert plan.remat_overhead == charge
+    online = replay(log, "eqclass", b, thrash_limit=math.inf)
+    r = replay(log, "eqclass", b, thrash_limit=math.inf, plan=plan)
+    assert (r.remats, r.remat_compute) == (plan.predicted_remats, plan.predicted_remat)
+    assert plan.online_remats == online.remats
+    assert plan.predicted_remat + charge * plan.predicted_remats < online.remat_compute + charge * online.remats
+    with pytest.raises(ValueError, match="remat_overhead"):
+        make_step_plan(log, b, "lookahead", remat_overhead=-1.0)
+
+
+def test_a_charge_per_recomputation_makes_plans_of_fewer_recomputations():
+    log, b, _ = _unet_plan()
+    g = graph_from_log(log)
+    charge = 3 * g.base_compute / g.num_ops
+    free = make_step_plan(log, b, "checkmate-lp", time_limit=10)
+    dear = make_step_plan(log, b, "checkmate-lp", time_limit=10, remat_overhead=charge)
+    assert free.ok and dear.ok, (free.message, dear.message)
+    assert dear.predicted_remats < free.predicted_remats  # (59 against 33 when written)
+    assert dear.predicted_remat + charge * dear.predicted_remats < free.predicted_remat + charge * free.predicted_remats
