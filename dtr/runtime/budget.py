@@ -257,8 +257,10 @@ class Budget:
         first op that did not), ``planned_evictions`` and ``predicted_remat`` (the plan's recomputation, in
         ``cost_unit``: compare ``remat_compute``; with measured costs also ``predicted_remat_seconds``), and,
         for a step that followed its plan to the end with measured costs, ``op_time_ratio`` (its ops' time
-        over the recorded step's) and ``expected_remat_seconds`` (the prediction at that speed: compare
-        ``remat_seconds``). Empty without ``plan=``."""
+        over the recorded step's) and ``expected_remat_seconds`` (the prediction at that speed, with
+        ``remat_overhead_seconds`` for each recomputation the plan predicts: compare ``remat_seconds``).
+        ``remat_overhead_seconds``: the runtime's own time per recomputation, estimated from the steps
+        before. Empty without ``plan=``."""
         return [dict(s) for s in self._plans.steps] if self._plans is not None else []
 
     @property

@@ -8,14 +8,15 @@ from __future__ import annotations
 import math
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
 import threading
 import weakref
-from collections import Counter, OrderedDict
+from collections import Counter, OrderedDict, deque
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Union
+from typing import Any, Deque, Dict, List, Optional, Union
 
 from dtr.core import Core
 from dtr.errors import DtrError
@@ -25,6 +26,9 @@ from dtr.sim.step_plan import AUTO, DEFAULT_PLANNER, StepPlan, load_step_plan, m
 __all__ = ["PlanPolicy", "StepPlans", "plan_policy", "BACKGROUNDS"]
 
 _SECONDS = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}  # a measured cost unit -> seconds
+#: The recent steps whose recomputations estimate the runtime's own cost of one (Note [The runtime's cost of
+#: a recomputation]).
+OVERHEAD_STEPS = 8
 
 #: How planning runs: in a process of its own (the default), a thread, or at the block's end.
 BACKGROUNDS = ("process", "thread", "inline")
@@ -134,34 +138,54 @@ def plan_policy(plan: Union[None, bool, str, float, PlanPolicy]) -> Optional[Pla
 # machine's speed does.
 
 
-def _at_step_speed(plan: Optional[StepPlan], stats: Dict[str, Any]) -> Dict[str, Optional[float]]:
+def _at_step_speed(plan: Optional[StepPlan], stats: Dict[str, Any], overhead: float) -> Dict[str, Optional[float]]:
     """A planned step's op-time ratio to its recorded step, and the plan's prediction scaled by it.
 
     Args:
         plan: the plan the step followed to its end (None: it did not).
         stats: the step's stats (``base_compute``: its ops' first computations, in ``cost_unit``).
+        overhead: the runtime's own seconds per recomputation, as estimated before the step (Note [The
+            runtime's cost of a recomputation]).
 
     Returns:
-        ``op_time_ratio`` and ``expected_remat_seconds``, None where costs are not times or
-        the step did not follow a plan (Note [A plan's prediction at the step's speed]).
+        ``op_time_ratio`` and ``expected_remat_seconds`` (the plan's recomputations at the step's op speed,
+        and the overhead for each), None where costs are not times or the step did not follow a plan (Note
+        [A plan's prediction at the step's speed]).
     """
     unit = _SECONDS.get(plan.cost_unit) if plan is not None else None
     if plan is None or unit is None or plan.base_compute <= 0 or stats.get("cost_unit") != plan.cost_unit:
         return {"op_time_ratio": None, "expected_remat_seconds": None}
     ratio = stats.get("base_compute", 0.0) / plan.base_compute
-    return {"op_time_ratio": ratio, "expected_remat_seconds": plan.predicted_remat * unit * ratio}
+    return {"op_time_ratio": ratio,
+            "expected_remat_seconds": plan.predicted_remat * unit * ratio + plan.predicted_remats * overhead}
+
+
+# Note [The runtime's cost of a recomputation]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# A recomputation costs its op's time and the runtime's own work around it
+# (Note [The cost of a recomputation] in dtr/sim/step_plan.py). With measured
+# costs, every step with recomputations tells that work apart: its
+# ``remat_seconds`` (timed around each whole recomputation) less its
+# ``remat_compute`` (the ops' costs the core knows, this step's own times),
+# per recomputation. The estimate is the median over the last OVERHEAD_STEPS
+# such steps, never below 0 (on CUDA both are device times, and the host's
+# work mostly hides). Plans are made charging it per recomputation, and a
+# planned step's ``expected_remat_seconds`` adds it per recomputation the
+# plan predicts, at the estimate from before the step.
+
 
 
 class _Job:
     """One step being planned: a process, a thread, or a plan made already."""
 
-    def __init__(self, policy: PlanPolicy, log: str, budget: int, workdir: str):
+    def __init__(self, policy: PlanPolicy, log: str, budget: int, workdir: str, overhead: float = 0.0):
         self.log, self.out = log, os.path.join(workdir, os.path.basename(log) + ".plan.json")
         self.plan: Optional[StepPlan] = None
         self.error: Optional[str] = None
         self.proc: Optional[subprocess.Popen] = None
         self.thread: Optional[threading.Thread] = None
-        args = [log, str(budget), policy.planner, repr(policy.time_limit)]
+        self.overhead = overhead  # (the log's cost unit: Note [The cost of a recomputation])
+        args = [log, str(budget), policy.planner, repr(policy.time_limit), repr(overhead)]
         if policy.background == "process":
             # (no multiprocessing: a spawned child would import the user's __main__ again)
             self.proc = subprocess.Popen([sys.executable, "-m", "dtr.sim.plan_worker", *args, self.out],
@@ -175,7 +199,7 @@ class _Job:
     def _plan_here(self, budget: int, policy: PlanPolicy) -> None:
         try:
             self.plan = make_step_plan(self.log, budget, policy.planner, time_limit=policy.time_limit,
-                                       later_steps=True)
+                                       later_steps=True, remat_overhead=self.overhead)
         except (DtrError, ValueError, OSError) as e:
             self.error = str(e)
 
@@ -226,6 +250,22 @@ class StepPlans:
         self._current: Optional[StepPlan] = None
         self._recording: Optional[str] = None
         self._drifted = 0
+        self._overheads: Deque[float] = deque(maxlen=OVERHEAD_STEPS)
+
+    @property
+    def remat_overhead_seconds(self) -> float:
+        """The runtime's own seconds per recomputation, from recent steps (Note [The runtime's cost of a
+        recomputation]); 0 before any step with measured recomputations."""
+        return statistics.median(self._overheads) if self._overheads else 0.0
+
+    def _observe_overhead(self, stats: Dict[str, Any]) -> None:
+        """Add a step's own seconds per recomputation to the estimate (Note [The runtime's cost of a
+        recomputation]): its recomputation time beyond its ops' costs; nothing without measured ones."""
+        unit = _SECONDS.get(stats.get("cost_unit", ""))
+        remats = stats.get("remats", 0)
+        if unit is not None and remats:
+            beyond = stats.get("remat_seconds", 0.0) - stats.get("remat_compute", 0.0) * unit
+            self._overheads.append(max(0.0, beyond / remats))
 
     def begin(self, core: Core) -> Optional[str]:
         """Prepare a new step's core (before its first op): the plan to follow, fingerprints.
@@ -280,13 +320,16 @@ class StepPlans:
             mode = "planned"
         else:
             mode = "diverged"
+        overhead = self.remat_overhead_seconds
+        self._observe_overhead(stats)
         fields = {"plan": mode, "plan_signature": sig, "planner": plan.planner if plan else None,
                   "plan_ops": followed if plan else 0, "plan_diverged_at": diverged if plan and diverged >= 0 else None,
                   "planned_evictions": counters["planned_evictions"],
                   "predicted_remat": plan.predicted_remat if plan else None,
                   "predicted_remat_seconds": plan.predicted_remat * _SECONDS[plan.cost_unit]
                   if plan and plan.cost_unit in _SECONDS else None,
-                  **_at_step_speed(plan if mode == "planned" else None, stats)}
+                  "remat_overhead_seconds": overhead,
+                  **_at_step_speed(plan if mode == "planned" else None, stats, overhead)}
         self.seen[sig] += 1
         self._last = sig
         if mode == "planned" and plan is not None:
@@ -299,7 +342,9 @@ class StepPlans:
                 _remove(self._recording)
             else:
                 self.tried.add(sig)
-                self._job = _Job(self.policy, self._recording, self.budget_bytes, self._dir)
+                unit = _SECONDS.get(stats.get("cost_unit", ""))
+                charge = self.remat_overhead_seconds / unit if unit else 0.0
+                self._job = _Job(self.policy, self._recording, self.budget_bytes, self._dir, charge)
                 if self._job.proc is not None:
                     self._procs[:] = [self._job.proc]
                 if self.policy.background == "inline":

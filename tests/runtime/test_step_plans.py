@@ -5,6 +5,7 @@ import contextlib
 import gc
 import os
 import random
+import statistics
 
 import pytest
 import torch
@@ -256,3 +257,30 @@ def test_a_plan_from_the_first_step_is_made_for_the_steps_that_follow():
     for s in mem.step_stats[1:]:
         assert s["evictions"] == 0 and s["remat_compute"] == s["predicted_remat"] < online.stats["remat_compute"]
     assert all(torch.equal(a, b) for a, b in zip(grads_of(m), want))
+
+
+def test_measured_steps_charge_the_runtime_s_own_time_per_recomputation():
+    m, x, step = _case("cnn")
+    b = budget_at(constant_bytes(m, x), peak_of(step), 0.4)  # (a plan recomputes far less here: 19 against 32)
+    m, x, step = _case("cnn")
+    mem = dtr.budget(b, plan=INLINE, cost_model="time")
+    for _ in range(5):
+        with mem:
+            step()
+    stats = mem.step_stats
+    assert all(s["cost_unit"] == "ns" and s["remats"] > 0 for s in stats)
+    # Each step's time per recomputation beyond its op's; a step sees the median of those before it.
+    own = [max(0.0, (s["remat_seconds"] - s["remat_compute"] * 1e-9) / s["remats"]) for s in stats]
+    assert [s["remat_overhead_seconds"] for s in stats] == \
+        [statistics.median(own[:k]) if k else 0.0 for k in range(len(stats))]
+    # A recorded step's plan is made with the estimate that includes it, in the log's ns.
+    charges = {round(statistics.median(own[:k + 1]) / 1e-9, 3) for k, s in enumerate(stats) if s["plan"] == "recorded"}
+    assert mem.plans, mem.plan_errors
+    assert {round(p.remat_overhead, 3) for p in mem.plans.values()} <= charges
+    planned = [s for s in stats if s["plan"] == "planned"]
+    assert planned, [s["plan"] for s in stats]
+    for s in planned:  # the prediction adds the charge per predicted recomputation
+        plan = mem.plans[s["plan_signature"]]
+        assert 0 < plan.predicted_remats == s["remats"] < plan.online_remats
+        assert s["expected_remat_seconds"] == pytest.approx(
+            s["predicted_remat_seconds"] * s["op_time_ratio"] + plan.predicted_remats * s["remat_overhead_seconds"])
