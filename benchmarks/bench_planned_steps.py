@@ -156,7 +156,7 @@ def render(rows: List[dict], rounds: int) -> str:
     lines = [f"One process, one thread, {rounds} shuffled rounds of one step each, after warm-up steps in "
              f"which the planned budget recorded and planned. Recomputation is the core's figure (measured "
              f"op times). Measured / expected: a planned step's recomputation time over the plan's prediction at "
-             f"the step's own op speed (median of planned steps). Exact: gradients equal plain PyTorch's bit "
+             f"the step's own op speed, with the runtime's own time per recomputation (`expected_remat_seconds`; median of planned steps). Exact: gradients equal plain PyTorch's bit "
              f"for bit, every step.", "",
              "| model | budget | online s | planned s | planned / online (median of rounds) | online remat | "
              "planned remat (predicted) | measured / expected remat s | planned steps ran | planner | exact |",
