@@ -162,6 +162,23 @@ bool dispatch_poll(OpCall& call) {
   return !PyErr_Occurred();
 }
 
+// Note [Writes that protecting pins] (dtr/runtime/reference.py): the poll may have pinned the version this op
+// writes (a constant it was computed from was dropped, and protected). Its write is then a write to a constant
+// (no new version), protected first (ReferencePath._protect_written). False with a Python exception set on error.
+bool dispatch_recheck_write(OpCall& call) {
+  if (call.written < 0 || call.to_constant) return true;
+  FastPath* f = call.f;
+  int st = storage_of(f, call.written);
+  if (st < 0) return false;
+  int pinned = api->pinned(f->c, st);
+  if (pinned <= 0) return pinned == 0;
+  Ref key(cached_int(st));
+  Ref r(key ? PyObject_CallMethodOneArg(f->mode, names._protect_written, key.get()) : nullptr);
+  if (!r) return false;
+  call.to_constant = true;
+  return true;
+}
+
 // The generator states a random op's recipe replays (recompute.rng_capture), into call.rng; else None.
 // False with a Python exception set on error.
 bool dispatch_rng(OpCall& call) {
@@ -294,7 +311,8 @@ PyObject* mode_dispatch(FastPath* f, PyObject* func, PyObject* types, PyObject* 
   f->native_ops++;
 
   // From here on, the reference's _dispatch step by step.
-  if (!dispatch_track(call) || !dispatch_poll(call) || !dispatch_rng(call) || !dispatch_begin(call, args, kwargs))
+  if (!dispatch_track(call) || !dispatch_poll(call) || !dispatch_recheck_write(call) || !dispatch_rng(call) ||
+      !dispatch_begin(call, args, kwargs))
     return nullptr;
   struct Release {  // (the scratch outlives the op: holding its outputs would keep them alive)
     std::vector<at::Tensor>& v;

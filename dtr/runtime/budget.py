@@ -338,7 +338,7 @@ class Budget:
                 **self.log_meta, "cost_unit": self.cost_model.unit, "budget_bytes": self.budget_bytes,
                 "heuristic": self.heuristic.name, "recorded_by": "dtr.budget", **self.semantics.to_meta()})
         self._driver = Driver(self._core, self.cost_model, recorder, self._device)
-        self._restore_escapes = patch_escapes(self._driver.escape)
+        self._restore_escapes = patch_escapes(self._driver.escape, self._driver.resize)
         # See Note [Compiled code in a block]; set_stance sets it now, and its __exit__ restores the old one.
         self._stance = torch.compiler.set_stance("force_eager")
         try:

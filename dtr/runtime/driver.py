@@ -24,7 +24,7 @@ from dtr.runtime.prediction import PREDICTIONS
 from dtr.runtime.recompute import Recomputer
 from dtr.runtime.recorder import LogRecorder
 from dtr.runtime.reference import ReferencePath
-from dtr.runtime.storage_table import Buf, StorageTable, trackable
+from dtr.runtime.storage_table import Buf, StorageTable, resize_storage, trackable
 from dtr.runtime.timing import ProvisionalCosts, Timer, WallTimer, make_timer
 
 __all__ = ["Driver"]
@@ -282,7 +282,7 @@ class Driver(ReferencePath):
         st = buf.get() if buf is not None else None
         if st is not None:
             if st.resizable():
-                st.resize_(0)
+                resize_storage(st, 0)
             else:  # see Note [Storages that cannot be resized]
                 self.table.phys[s] = Buf(torch.UntypedStorage(0, device=st.device), owned=True)
         if self.core.storage_refs(s) > 0:
@@ -347,6 +347,54 @@ class Driver(ReferencePath):
             except (OutOfBudgetError, ThrashingError) as e:
                 name_failure(self, e, "bringing back a tensor whose bytes are read outside PyTorch")
                 raise
+
+    # Note [Storages the program resizes]
+    # FSDP2 frees each unsharded parameter after its forward and backward use
+    # (``untyped_storage().resize_(0)``) and allocates it again before the next
+    # (``resize_(n)``, then an all-gather writes it): no dispatched op, so the
+    # core went on counting the old bytes as there, and an evicted activation
+    # computed from the parameter was recomputed from whatever the storage held
+    # then: on a 2-process FSDP2 MLP at half its peak the loss was NaN from the
+    # second step. Called before the program resizes a storage dtr tracks, this
+    # first brings it back if dtr evicted it (in plain PyTorch its bytes would
+    # be there), and if the size changes, ends the storage for dtr: its current
+    # version is then held by a buffer of dtr's own (a copy of the bytes, if
+    # anything computed from it may still need them; none otherwise) marked
+    # dropped, so the next poll releases it, a pinned one as a dead constant
+    # (protected, or kept while that costs less: Note [Keeping a dead
+    # constant] in liveness.py). Its address is forgotten: the next op that
+    # reads the program's storage finds a new one (a constant, at its new size).
+    # The copy holds what the program just freed, so the budget still counts
+    # true bytes.
+    def resize(self, st: torch.UntypedStorage, nbytes: int) -> None:
+        """The program is about to resize ``st`` to ``nbytes`` itself (see Note [Storages the program resizes])."""
+        if not self.receives_ops():
+            return
+        t = self.table.version.get(st._cdata)
+        if t is None:
+            return
+        core = self.core
+        s = core.storage_of(t)
+        buf = self.table.phys.get(s)
+        if buf is None or buf.dead():
+            return
+        with self.off():
+            if not core.resident(s):
+                try:
+                    core.require(t)
+                except (OutOfBudgetError, ThrashingError) as e:
+                    name_failure(self, e, "bringing back a storage the program resizes")
+                    raise
+            size = core.storage_size(s)
+            if nbytes == size:
+                return
+            if size and core.storage_dependents(s):
+                keep = torch.UntypedStorage(size, device=st.device)
+                keep.copy_(st)
+            else:
+                keep = torch.UntypedStorage(0, device=st.device)
+            self.table.phys[s] = Buf(keep, owned=True, dropped=True)
+            self.table.forget_address(t)
 
     def collect(self) -> None:
         """Drop the recipes of ops the core will never run again and the buffers of storages it

@@ -23,6 +23,12 @@
 #   ``.tolist()`` and ``copy.deepcopy`` (its copy is a dispatched op from then
 #   on, which dtr tracks like any other).
 #
+# A storage the program resizes itself (``UntypedStorage.resize_``, no
+# dispatched op: FSDP2 frees its unsharded parameters after use and allocates
+# them again before the next) first calls the mode's ``resize(storage,
+# nbytes)``: its old bytes are gone, and what was computed from them may need
+# them (Note [Storages the program resizes] in driver.py).
+#
 # ``__dlpack_c_exchange_api__`` (a capsule of C functions that convert a tensor
 # to DLPack without calling any Python method) is hidden while the block is
 # active, so consumers fall back to ``__dlpack__``. An escape inside another
@@ -42,6 +48,8 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 import torch.utils.dlpack
+
+from dtr.runtime.storage_table import resize_storage
 
 __all__ = ["ESCAPING", "patch_escapes"]
 
@@ -70,6 +78,7 @@ _depth = threading.local()  # escapes in progress on this thread
 # The active block's escape (the outermost one's: a nested block uses it), which every wrapper calls. The wrappers
 # are made once per original and kept, so that entering a block does not build them again each time.
 _active: List[Optional[Callable[[torch.Tensor, bool], None]]] = [None]
+_active_resize: List[Optional[Callable[[torch.UntypedStorage, int], None]]] = [None]  # the same for resizes
 _wrappers: Dict[Tuple[int, bool], Tuple[Callable, Callable]] = {}  # (id(original), pin) -> (original, wrapper)
 
 
@@ -97,15 +106,38 @@ def _guarded(original: Callable, pin: bool) -> Callable:
     return wrapper
 
 
-def patch_escapes(escape: Callable[[torch.Tensor, bool], None]) -> Callable[[], None]:
+_resize_original = resize_storage
+
+
+def _resize_wrapper(self, *args, **kwargs):
+    """``UntypedStorage.resize_`` after the active block's ``resize(storage, nbytes)`` (Note [Escaped memory])."""
+    resize = _active_resize[0]
+    if resize is not None and not getattr(_depth, "n", 0) and len(args) + len(kwargs) == 1:
+        _depth.n = 1
+        try:
+            resize(self, int(args[0] if args else next(iter(kwargs.values()))))
+        finally:
+            _depth.n = 0
+    return _resize_original(self, *args, **kwargs)
+
+
+functools.update_wrapper(_resize_wrapper, _resize_original)
+
+
+def patch_escapes(escape: Callable[[torch.Tensor, bool], None],
+                  resize: Optional[Callable[[torch.UntypedStorage, int], None]] = None) -> Callable[[], None]:
     """Wrap the ways out of the dispatcher to call ``escape(tensor, pin)`` first (Note [Escaped memory]).
+
+    Args:
+        escape: called before a tensor's bytes leave the dispatcher.
+        resize: called before the program resizes a storage itself (``UntypedStorage.resize_``).
 
     Returns:
         A function that restores everything as it was.
     """
     saved: List[Tuple[object, str, object, bool]] = []  # (owner, name, original, was in owner's __dict__)
-    before = _active[0]
-    _active[0] = escape
+    before, before_resize = _active[0], _active_resize[0]
+    _active[0], _active_resize[0] = escape, resize
 
     def replace(owner: object, name: str, new: object) -> None:
         own = name in vars(owner) if isinstance(owner, type) else True
@@ -124,6 +156,8 @@ def patch_escapes(escape: Callable[[torch.Tensor, bool], None]) -> Callable[[], 
         original = getattr(module, name, None)
         if original is not None:
             replace(module, name, _guarded(original, True))
+    if resize is not None and torch.UntypedStorage.resize_ is _resize_original:
+        replace(torch.UntypedStorage, "resize_", _resize_wrapper)
     for name in _HIDDEN:
         if name in vars(torch.Tensor):
             saved.append((torch.Tensor, name, vars(torch.Tensor)[name], True))
@@ -135,6 +169,6 @@ def patch_escapes(escape: Callable[[torch.Tensor, bool], None]) -> Callable[[], 
                 setattr(owner, name, original)
             else:  # inherited (from torch._C.TensorBase): drop the wrapper to uncover it
                 delattr(owner, name)
-        _active[0] = before
+        _active[0], _active_resize[0] = before, before_resize
 
     return restore

@@ -17,7 +17,7 @@ import torch
 
 from dtr.runtime.effects import overwrites_self
 from dtr.runtime.pytree import tree_flatten, tree_unflatten
-from dtr.runtime.storage_table import Buf, StorageTable, opaque
+from dtr.runtime.storage_table import Buf, StorageTable, opaque, resize_storage
 
 __all__ = ["Recipe", "Recomputer", "RngStates", "Slot", "default_generator", "rng_capture", "rng_state",
            "set_rng_state", "slot_of"]
@@ -154,7 +154,7 @@ class Recomputer:
             st = torch.UntypedStorage(n, device=self.device)
             self.table.phys[s] = Buf(st, owned=True, dropped=True)
         elif st.nbytes() != n:
-            st.resize_(n)
+            resize_storage(st, n)
         return st
 
     def run(self, op: int) -> None:
@@ -189,7 +189,7 @@ class Recomputer:
             out = r.func(*args, **kwargs)
         except BaseException:
             for st in moved:  # the new version stays evicted; the core evicts the old one too
-                st.resize_(0)
+                resize_storage(st, 0)
             raise
         finally:
             if r.rng is not None:
@@ -241,10 +241,10 @@ class Recomputer:
             dst._swap_data_ptr_(src)  # type: ignore[attr-defined]  # (torch >= 2.12: see _SWAP)
         else:
             if dst.nbytes() != n:
-                dst.resize_(n)
+                resize_storage(dst, n)
             if not overwrites_all:
                 dst.copy_(src)
-            src.resize_(0)
+            resize_storage(src, 0)
         return self.view(slot._replace(tensor=new))
 
     # Note [Adopting recomputed bytes]

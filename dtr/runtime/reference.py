@@ -158,19 +158,17 @@ class ReferencePath:
 
         # The core brings the inputs back, locks them and makes room; then the op runs.
         protected = 0
-        while protected < len(const_writes):
+        while True:
             for _, t in const_writes[protected:]:
-                s = core.storage_of(t)
-                self.liveness.release_dropped_targets(s)  # see Note [Dropped buffers]
-                if not all(map(core.resident, core.protect_targets(s))):
-                    self.poll()  # protecting recomputes: it must not read a storage just dropped
-                core.protect(s)
+                self._protect_written(core.storage_of(t))
             protected = len(const_writes)
-            # See Note [Writes that protecting pins]: a version this op writes may be pinned by now.
+            # See Note [Writes that protecting pins]: a version this op writes may be pinned by now, by
+            # protecting a written constant or by the poll above (a dropped constant it was computed from).
             newly = [w for w in plain_writes if core.pinned(core.storage_of(w[1]))]
-            if newly:
-                plain_writes = [w for w in plain_writes if w not in newly]
-                const_writes += newly
+            if not newly:
+                break
+            plain_writes = [w for w in plain_writes if w not in newly]
+            const_writes += newly
         if plain_writes:
             inplace_of = [-1] * len(sizes) + [ins.index(t) for _, t in plain_writes]
             all_sizes = sizes + [core.storage_size(core.storage_of(t)) for _, t in plain_writes]
@@ -270,7 +268,22 @@ class ReferencePath:
     # recomputation reran the whole fused step on the updated parameters (on
     # a 12-parameter MLP the second moments came back wrong). A write to a
     # storage that protecting pinned is therefore a write to a constant too,
-    # protected in turn (which may pin more, until nothing changes).
+    # protected in turn (which may pin more, until nothing changes). The poll
+    # before the op pins too: a constant the program just dropped is protected
+    # there, which pins what was computed from it. ``x = w @ W; del w;
+    # x.mul_(0.5)`` under a budget that evicts gave a wrong ``x``: the poll
+    # pinned ``x`` after its write was counted as a new version, which took
+    # the pinned version's buffer and left the core counting it resident with
+    # no bytes (found by the random programs' "unsharded" products).
+    def _protect_written(self, s: int) -> None:
+        """Before an op writes constant storage ``s``: pin what still needs its value (Note [Writes that
+        protecting pins]); the native path calls it where the poll pinned the storage its op writes."""
+        core = self.core
+        self.liveness.release_dropped_targets(s)  # see Note [Dropped buffers]
+        if not all(map(core.resident, core.protect_targets(s))):
+            self.poll()  # protecting recomputes: it must not read a storage just dropped
+        core.protect(s)
+
     def _execute(self, func, args, kwargs, cost: float, sig: Any):
         """Run the op for real; returns (result, flattened result, cost, pending measurement or None).
 

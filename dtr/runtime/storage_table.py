@@ -15,7 +15,11 @@ from typing import Any, Dict, Iterable, Optional, Sequence
 
 import torch
 
-__all__ = ["Buf", "StorageTable", "opaque", "subclass_types", "trackable", "wrapper"]
+__all__ = ["Buf", "StorageTable", "opaque", "resize_storage", "subclass_types", "trackable", "wrapper"]
+
+#: ``UntypedStorage.resize_`` as torch defines it: dtr frees and refills storages with this one, never with the
+#: method a block wraps for the program's own resizes (Note [Storages the program resizes] in driver.py).
+resize_storage = torch._C.StorageBase.resize_  # type: ignore[attr-defined]
 
 _use_count = torch._C._storage_Use_Count
 _expired = torch.UntypedStorage._expired  # StorageWeakRef.expired() without its two Python frames
@@ -232,10 +236,11 @@ class StorageTable:
     def drop(self, h: int) -> int:
         """The program dropped the storage of handle ``h``: forget its address; its core tensor. O(1)."""
         t = self.alive.pop(h)
-        self._forget_address(t)
+        self.forget_address(t)
         return t
 
-    def _forget_address(self, t: int) -> None:
+    def forget_address(self, t: int) -> None:
+        """Core tensor ``t`` no longer stands for the program storage at its address (if it still did). O(1)."""
         cdata = self.cdata_of.pop(t, None)
         if cdata is not None and self.version.get(cdata) == t:
             del self.version[cdata]
@@ -246,7 +251,7 @@ class StorageTable:
         for t in tensors:
             self.handle.pop(t, None)
             self.versions.pop(t, None)
-            self._forget_address(t)
+            self.forget_address(t)
 
     def renumber(self, tensors: Sequence[int], storages: Sequence[int]) -> None:
         """Follow a core compaction: ``tensors[t]``/``storages[s]`` are the new ids, -1 if dropped. O(entries)."""

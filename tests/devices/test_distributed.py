@@ -105,13 +105,14 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_job(tmp_path, mode, steps=2, width=64, depth=3, fraction=0.6):
-    script = tmp_path / "worker.py"
-    script.write_text(WORKER)
+def run_job(tmp_path, mode, steps=2, width=64, depth=3, fraction=0.6, script=WORKER):
+    """Run ``script`` (WORKER's arguments) on two ranks; each rank's JSON result."""
+    path = tmp_path / "worker.py"
+    path.write_text(script)
     env = child_env(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), OMP_NUM_THREADS="1")
     outs = [tmp_path / f"{mode}-rank{r}.json" for r in range(2)]
     argv = [mode, None, str(steps), str(width), str(depth), str(fraction)]
-    procs = [subprocess.Popen([sys.executable, str(script), str(r), *[str(outs[r]) if a is None else a for a in argv]],
+    procs = [subprocess.Popen([sys.executable, str(path), str(r), *[str(outs[r]) if a is None else a for a in argv]],
                               env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(2)]
     errors = []
     for r, p in enumerate(procs):
@@ -183,6 +184,83 @@ def test_ddp_two_ranks_inside_the_budget(tmp_path, mode, steps, width, depth, fr
             assert all(s["remat"] == s["predicted"] for s in got["stats"] if s["plan"] == "planned"), got["stats"]
     # Both ranks hold the same (all-reduced) gradients.
     assert with_dtr[0]["grads"] == with_dtr[1]["grads"]
+
+
+FSDP_WORKER = textwrap.dedent("""
+    import json, sys
+    import torch, torch.distributed as dist, torch.nn.functional as F
+    from torch.distributed.fsdp import fully_shard
+    import dtr
+    from support.models import mlp
+    from dtr.runtime.step_plans import PlanPolicy
+
+    rank, mode, out, steps, width = int(sys.argv[1]), sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    torch.manual_seed(0)
+    model = mlp(width=width, depth=4, p=0.1)
+    for layer in model:
+        if isinstance(layer, torch.nn.Linear):
+            fully_shard(layer)  # each Linear's parameters unsharded before its use and freed after it
+    fully_shard(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def step(k):
+        g = torch.Generator().manual_seed(1000 + k)
+        x, y = torch.randn(256, width, generator=g), torch.randint(0, 10, (256,), generator=g)
+        torch.manual_seed(10 + 100 * rank + k)
+        opt.zero_grad(set_to_none=True)
+        loss = F.cross_entropy(model(x.chunk(2)[rank]), y.chunk(2)[rank])
+        loss.backward()  # FSDP2 all-gathers each Linear again here, and reduce-scatters its gradients
+        return loss.detach()
+
+    result = dict(losses=[], stats=[])
+    mem = None
+    for k in range(steps):
+        if mode == "plain":
+            loss = step(k)
+        else:
+            if mem is None:  # the first step's peak with no limit sets the budget: half of it above what was there
+                with dtr.budget(None, cost_model="flops") as probe:
+                    loss = step(k)
+                s = probe.stats
+                limit = s["memory_bytes"] + (s["peak_bytes"] - s["memory_bytes"]) // 2
+                policy = PlanPolicy(background="inline", time_limit=4) if mode == "plan" else None
+                mem = dtr.budget(limit, cost_model="flops", plan=policy)
+            else:
+                b = mem if mode == "plan" else dtr.budget(limit, cost_model="flops")
+                with b:
+                    loss = step(k)
+                s = b.stats
+                result["stats"].append(dict(limit=limit, peak=s["peak_bytes"], evictions=s["evictions"],
+                                            remats=s["remats"], plan=s.get("plan")))
+        opt.step()
+        result["losses"].append(loss.item())
+    result["params"] = [p.full_tensor().detach().tolist() for p in model.parameters()]
+    dist.barrier()
+    dist.destroy_process_group()
+    with open(out, "w") as f:
+        json.dump(result, f)
+""")
+
+
+@pytest.mark.slow
+def test_fsdp2_two_ranks_inside_the_budget(tmp_path):
+    """FSDP2 (fully_shard) frees each unsharded parameter after use and allocates it again before the next
+    (Note [Storages the program resizes]): under a budget that evicts, online and planned, every loss and
+    parameter equals a run without dtr bit for bit."""
+    pytest.importorskip("torch.distributed.fsdp", reason="FSDP2 (fully_shard) is not in this torch")
+    if not hasattr(torch.distributed.fsdp, "fully_shard"):
+        pytest.skip("FSDP2 (fully_shard) is not in this torch")
+    plain = run_job(tmp_path, "plain", 4, 128, 4, 0.0, script=FSDP_WORKER)
+    for mode in ("dtr", "plan"):
+        got = run_job(tmp_path, mode, 4, 128, 4, 0.0, script=FSDP_WORKER)
+        for rank in range(2):
+            assert got[rank]["losses"] == plain[rank]["losses"], mode
+            assert got[rank]["params"] == plain[rank]["params"], mode
+            stats = got[rank]["stats"]
+            assert all(s["peak"] <= s["limit"] for s in stats), stats
+            assert sum(s["evictions"] for s in stats) > 0 and sum(s["remats"] for s in stats) > 0, stats
 
 
 def test_what_a_collective_touches_is_pinned_and_never_recomputed(tmp_path):

@@ -167,6 +167,70 @@ def test_evicted_tensors_leave_with_their_bytes(how):
     assert all(torch.equal(g, w) for g, w in zip(got, want))
 
 
+def _sharded_step(limit):
+    """An FSDP2-like step: a parameter's storage is allocated and filled before each use, freed after it."""
+    torch.manual_seed(0)
+    x = torch.randn(64, 256, requires_grad=True)
+    p = torch.empty(256, 256)
+    _storage(p).resize_(0)
+
+    def gather():  # (FSDP2 writes its all-gather's output so, keeping autograd's version check quiet)
+        p.untyped_storage().resize_(W.nbytes)
+        with torch.no_grad(), torch.autograd._unsafe_preserve_version_counter(p):
+            p.copy_(W)
+
+    with dtr.budget(limit, cost_model="flops") as b:
+        gather()
+        hs = _tanh_matmul_chain_of(x, p, 12)
+        p.untyped_storage().resize_(0)                      # freed after the forward
+        more = [torch.tanh(hs[-1] * k) for k in range(6)]   # room must be made: evictions
+        loss = sum(h.sum() for h in hs[1:]) + sum(m.sum() for m in more)
+        del hs, more
+        gather()                                            # and allocated again for the backward
+        loss.backward()
+        p.untyped_storage().resize_(0)
+    return loss.detach(), x.grad, b.stats
+
+
+def _tanh_matmul_chain_of(first, w, n):
+    hs = [first]
+    for i in range(n):
+        hs.append(torch.tanh(hs[-1] @ w + i))
+    return hs
+
+
+def test_a_storage_the_program_frees_and_allocates_again_is_exact():
+    """Note [Storages the program resizes] (FSDP2's unsharded parameters): what was computed from the
+    freed bytes is recomputed from their value, not from the storage's later contents."""
+    got = _sharded_step(_budget(18))
+    want = _sharded_step(None)
+    assert got[2]["evictions"] > 0 and got[2]["remats"] > 0, got[2]
+    assert got[2]["peak_bytes"] <= got[2]["budget_bytes"]
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
+def _dropped_then_written(limit):
+    torch.manual_seed(0)
+    w = torch.randn(64, 256)
+    with dtr.budget(limit, cost_model="flops") as b:
+        x = torch.tanh(w @ W)
+        del w          # a constant dropped: the next op's poll protects it, which pins x
+        x.mul_(0.5)    # that op writes x
+        hs = _tanh_matmul_chain(x, 12)
+        out = sum(h.sum() for h in hs)
+        del hs, x
+    return out, b.stats
+
+
+def test_a_write_to_what_a_dropped_constant_computed_is_exact():
+    """Note [Writes that protecting pins]: the poll before an op can pin the version the op writes."""
+    want, _ = _dropped_then_written(None)
+    for k in (4, 8):
+        got, stats = _dropped_then_written(_budget(k))
+        assert stats["evictions"] > 0 and stats["remats"] > 0, stats
+        assert torch.equal(got, want), k
+
+
 def test_a_tensor_saved_inside_the_block_loads_after_it(tmp_path):
     """torch.save of evicted tensors to a file inside the block, torch.load after it."""
     torch.manual_seed(0)
