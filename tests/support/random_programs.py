@@ -19,7 +19,10 @@ buffer) read at every step, with and without autograd, blocks nested in
 the program's own (a library's ``dtr.budget`` around a few ops), and, with
 ``generate(seed, collectives=True)`` and a process group of one rank
 initialized, collectives (an async ``all_reduce`` waited for after another op,
-a functional one) whose results autograd saves.
+a functional one) whose results autograd saves, and with ``generate(seed,
+resizes=True)`` matrix products through an "unsharded" copy of a weight whose
+storage the program allocates and fills before each use and frees after it,
+in the forward and in the backward (FSDP2's unsharded parameters).
 
 :func:`generate` builds one instruction at a time, running each eagerly and
 keeping only those PyTorch accepts, and retries until the program's backward
@@ -46,6 +49,8 @@ import torch.nn.functional as F
 import torch.utils.checkpoint
 from torch.distributed import _functional_collectives as fc
 from torch.testing._internal.two_tensor import TwoTensor
+
+from support.program_functions import ScaledMul, Unsharded, block
 
 __all__ = ["Instr", "Program", "Result", "generate", "make_leaves", "run", "run_steps", "same_bits", "assert_equal",
            "leaf_and_grad_bytes"]
@@ -104,24 +109,6 @@ _VIEWS: Dict[str, Callable[..., torch.Tensor]] = {
     "split0": lambda a: a.split(a.shape[0] // 2, dim=0)[0],
     "diag_row": lambda a: a.narrow(0, 1, 2),
 }
-
-
-class _ScaledMul(torch.autograd.Function):
-    """A user-defined autograd function that saves both inputs for its backward."""
-
-    @staticmethod
-    def forward(ctx, a, b):
-        ctx.save_for_backward(a, b)
-        return a * b * 0.5
-
-    @staticmethod
-    def backward(ctx, grad):
-        a, b = ctx.saved_tensors
-        return grad * b * 0.5, grad * a * 0.5
-
-
-def _block(x: torch.Tensor) -> torch.Tensor:
-    return torch.tanh(x) * torch.sigmoid(x) + x
 
 
 def _exec(ins: Instr, env: Dict[str, torch.Tensor]) -> None:
@@ -209,9 +196,11 @@ def _exec(ins: Instr, env: Dict[str, torch.Tensor]) -> None:
             y = t(args[0]) @ t(args[1])
         env[out] = y.float()
     elif k == "function":
-        env[out] = _ScaledMul.apply(t(args[0]), t(args[1]))
+        env[out] = ScaledMul.apply(t(args[0]), t(args[1]))
+    elif k == "unsharded":
+        env[out] = Unsharded.apply(t(args[0]), t(args[1]))
     elif k == "checkpoint":  # torch.utils.checkpoint inside the budget: its recomputation goes through dtr too
-        env[out] = torch.utils.checkpoint.checkpoint(_block, t(args[0]), use_reentrant=False)
+        env[out] = torch.utils.checkpoint.checkpoint(block, t(args[0]), use_reentrant=False)
     elif k == "randn":  # a random factory (a program may start with one)
         env[out] = torch.randn(args[0]) * 0.5
     elif k == "sample":  # a sampling op on the program's own generator (or the default one)
@@ -294,7 +283,7 @@ def _exec(ins: Instr, env: Dict[str, torch.Tensor]) -> None:
         env[out] = cache
     elif k == "nested":  # a block inside the program's (a library's own dtr.budget), around a few ops
         with (_NESTED[0](args[1]) if _NESTED else contextlib.nullcontext()):
-            env[out] = _block(t(args[0])) * t(args[0])
+            env[out] = block(t(args[0])) * t(args[0])
     elif k == "del":
         del env[args[0]]
     else:
@@ -315,8 +304,10 @@ _WEIGHTS = [14, 12, 10, 14, 14, 5, 3, 4, 3, 2, 8, 3, 3, 3, 2, 2, 2, 2, 2, 1, 2, 
 
 
 def _propose(rng: random.Random, env: Dict[str, torch.Tensor], fresh: Callable[[], str],
-             collectives: bool = False) -> Optional[Instr]:
+             collectives: bool = False, resizes: bool = False) -> Optional[Instr]:
     kinds, weights = (_KINDS + ["collective"], _WEIGHTS + [6]) if collectives else (_KINDS, _WEIGHTS)
+    if resizes:
+        kinds, weights = kinds + ["unsharded"], weights + [10]
     kind = rng.choices(kinds, weights=weights)[0]
     if kind == "randn":
         return Instr(kind, fresh(), (rng.choice(SHAPES),))
@@ -328,7 +319,7 @@ def _propose(rng: random.Random, env: Dict[str, torch.Tensor], fresh: Callable[[
     if kind == "binary":
         b = _pick(rng, env, lambda x: x.shape == env[a].shape)
         return Instr(kind, fresh(), (rng.choice(sorted(_BINARY)), a, b))
-    if kind == "mm":
+    if kind in ("mm", "unsharded"):
         b = _pick(rng, env, lambda x: x.dim() == 2 and env[a].dim() == 2 and x.shape[0] == env[a].shape[1])
         return None if b is None else Instr(kind, fresh(), (a, b))
     if kind == "view":
@@ -544,11 +535,12 @@ def _result(loss: torch.Tensor, params: List[torch.Tensor], env: Dict[str, torch
     return Result(loss.detach().clone(), [None if q.grad is None else q.grad.clone() for q in params], values)
 
 
-def generate(seed: int, length: int = 60, attempts: int = 20, collectives: bool = False) -> Program:
+def generate(seed: int, length: int = 60, attempts: int = 20, collectives: bool = False,
+             resizes: bool = False) -> Program:
     """A valid random program: each kept instruction ran eagerly, and so did the loss's backward.
 
     With ``collectives``, its instructions include collectives over the default process group (which
-    must be initialized, with one rank)."""
+    must be initialized, with one rank); with ``resizes``, products through storages the program resizes."""
     for attempt in range(attempts):
         rng = random.Random(f"{seed}/{attempt}")
         shapes = tuple(SHAPES)
@@ -566,7 +558,7 @@ def generate(seed: int, length: int = 60, attempts: int = 20, collectives: bool 
         for _ in range(20 * length):  # proposals (most are kept)
             if len(instrs) == length:
                 break
-            ins = _propose(rng, env, lambda counter=counter: f"v{next(counter)}", collectives)
+            ins = _propose(rng, env, lambda counter=counter: f"v{next(counter)}", collectives, resizes)
             if ins is None:
                 continue
             trial = dict(env)
