@@ -18,6 +18,13 @@ with no limit), two budgets run in one process, one thread:
   steps ran (planning happens at the end of a recorded step, outside the
   timed steps).
 
+With ``--baselines``, each round also runs a plain PyTorch step and one
+checkpointed per block (``torch.utils.checkpoint``, the GPT only), and the
+report adds the planned steps' median per-round ratios to both. ``--full``
+uses bench_runtime.py's full sizes (the CPU GPT of the issue's targets)
+rather than its small ones. In one process the variants share the machine's
+state round by round, which separate processes (bench_runtime.py) do not.
+
 Then ``--rounds`` rounds, each one step of each variant in a shuffled
 order. Reported: median step times, the median of the per-round ratios
 planned / online, the recomputation each did (the core's figure, in the cost
@@ -54,13 +61,13 @@ def _mlp():
     return model, (x, y), lambda m, x, y, checkpoint=False: torch.nn.functional.cross_entropy(m(x), y)
 
 
-def _build(name: str):
+def _build(name: str, full: bool = False):
     """``(model, inputs, loss_fn, new_step)``: ``new_step(i)`` sets what step ``i`` runs on (the tree)."""
     if name == "mlp":
         return (*_mlp(), lambda i: None)
     torch.manual_seed(0)
     if name != "treelstm-new":
-        return (*bench_runtime.build(name, bench_runtime.SIZES[name][1]), lambda i: None)
+        return (*bench_runtime.build(name, bench_runtime.SIZES[name][0 if full else 1]), lambda i: None)
     cfg = bench_runtime.SIZES["treelstm"][1]
     model, inputs, _ = bench_runtime.build("treelstm", cfg)
     rng = random.Random(2)
@@ -75,18 +82,19 @@ def _build(name: str):
     return model, inputs, loss_fn, new_step
 
 
-def run(name: str, frac: float, rounds: int, seed: int) -> Dict[str, object]:
+def run(name: str, frac: float, rounds: int, seed: int, baselines: bool = False,
+        full: bool = False) -> Dict[str, object]:
     """One model at one budget: the report's row."""
-    model, inputs, loss_fn, new_step = _build(name)
+    model, inputs, loss_fn, new_step = _build(name, full)
     params = list(model.parameters())
     steps = [0]
 
-    def step(ctx=None):
+    def step(ctx=None, checkpoint=False):
         new_step(steps[0])
         model.zero_grad(set_to_none=True)
         torch.manual_seed(100)
         if ctx is None:
-            loss = loss_fn(model, *inputs)
+            loss = loss_fn(model, *inputs, checkpoint=checkpoint) if checkpoint else loss_fn(model, *inputs)
             loss.backward()
             return None
         with ctx:
@@ -116,28 +124,32 @@ def run(name: str, frac: float, rounds: int, seed: int) -> Dict[str, object]:
         s = step(planned)
         if s["plan"] == "planned" or (warm >= 3 and not planned.plans):
             break
-    times: Dict[str, List[float]] = {"online": [], "planned": []}
+    variants = ["online", "planned"] + (["plain"] + (["ckpt"] if name == "gpt" else []) if baselines else [])
+    times: Dict[str, List[float]] = {v: [] for v in variants}
     stats: Dict[str, List[dict]] = {"online": [], "planned": []}
     exact = {"online": True, "planned": True}
     rng = random.Random(seed)
     for _ in range(rounds):
-        steps[0] += 1  # (both variants run the same step: one tree per round for treelstm-new)
-        order = ["online", "planned"]
+        steps[0] += 1  # (every variant runs the same step: one tree per round for treelstm-new)
+        order = list(variants)
         rng.shuffle(order)
         for v in order:
             w = want()
-            ctx = planned if v == "planned" else dtr.budget(limit)
+            ctx = planned if v == "planned" else dtr.budget(limit) if v == "online" else None
             t = time.perf_counter()
-            st = step(ctx)
+            st = step(ctx, checkpoint=v == "ckpt")
             times[v].append(time.perf_counter() - t)
-            stats[v].append(st)
-            exact[v] = exact[v] and all(torch.equal(p.grad, g) for p, g in zip(params, w))
+            if v in stats:
+                stats[v].append(st)
+                exact[v] = exact[v] and all(torch.equal(p.grad, g) for p, g in zip(params, w))
     ratios = [p / o for p, o in zip(times["planned"], times["online"])]
     med = statistics.median
+    against = {v: med([p / o for p, o in zip(times["planned"], times[v])]) for v in variants[2:]}
     planned.close()
     return {
         "model": name, "frac": frac, "budget": limit, "online_s": med(times["online"]),
-        "planned_s": med(times["planned"]), "ratio": med(ratios),
+        "planned_s": med(times["planned"]), "ratio": med(ratios), "against": against,
+        "baseline_s": {v: med(times[v]) for v in variants[2:]},
         "online_remat": med([s["remat_compute"] for s in stats["online"]]),
         "planned_remat": med([s["remat_compute"] for s in stats["planned"]]),
         "predicted": med([s["predicted_remat"] for s in stats["planned"] if s["predicted_remat"] is not None]
@@ -169,6 +181,16 @@ def render(rows: List[dict], rounds: int) -> str:
             f"{'–' if r['fidelity'] != r['fidelity'] else format(r['fidelity'], '.2f')} | "
             f"{', '.join(r['modes'])} | {r['planner'] or 'none: ' + r['why']} | "
             f"{'yes' if all(r['exact'].values()) else 'NO: ' + str(r['exact'])} |")
+    if any(r["against"] for r in rows):
+        lines += ["", "Planned steps against plain PyTorch and checkpointing per block, in the same rounds "
+                      "(median of per-round ratios):", "",
+                  "| model | budget | plain s | checkpointed s | planned / plain | planned / checkpointed |",
+                  "|---|---|---|---|---|---|"]
+        for r in rows:
+            a, b = r["against"], r["baseline_s"]
+            lines.append(f"| {r['model']} | C + {r['frac']:g} P | {b.get('plain', float('nan')):.4f} | "
+                         f"{b.get('ckpt', float('nan')):.4f} | {a.get('plain', float('nan')):.3f}× | "
+                         f"{a.get('ckpt', float('nan')):.3f}× |")
     return "\n".join(lines)
 
 
@@ -178,6 +200,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--models", default="gpt,cnn,treelstm,treelstm-new,mlp")
     ap.add_argument("--fracs", default="0.5,0.3")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--baselines", action="store_true", help="also time plain and checkpointed steps")
+    ap.add_argument("--full", action="store_true", help="bench_runtime.py's full sizes, not its small ones")
     ap.add_argument("--out", default=None, help="write the report as a section of this Markdown file")
     a = ap.parse_args(argv)
     torch.set_num_threads(1)
@@ -185,7 +209,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     for m in a.models.split(","):
         for f in (float(x) for x in a.fracs.split(",")):
             try:
-                rows.append(run(m, f, a.rounds, a.seed))
+                rows.append(run(m, f, a.rounds, a.seed, a.baselines, a.full))
             except dtr.DtrError as e:
                 print(f"{m} at {f:g}: {type(e).__name__}: {str(e).splitlines()[0]}", file=sys.stderr)
                 continue
@@ -193,7 +217,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     text = render(rows, a.rounds)
     print(text)
     if a.out:
-        write_section(a.out, "planned-steps", f"Planned steps against online DTR (torch {torch.__version__})", text)
+        section = ("planned-steps-full", "Planned steps of the full-size CPU GPT, in one process") if a.full \
+            else ("planned-steps", "Planned steps against online DTR")
+        write_section(a.out, section[0], f"{section[1]} (torch {torch.__version__})", text)
     return 0
 
 
