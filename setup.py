@@ -43,7 +43,7 @@ ext_modules = [
             "csrc/fastsa.cpp",
         ],
         depends=["csrc/core.h", "csrc/core_internal.h", "csrc/core_api.h", "csrc/depth_pool.h", "csrc/program.h",
-                 "csrc/replay.h", "csrc/fastsa.h"],
+                 "csrc/log_json.h", "csrc/replay.h", "csrc/fastsa.h"],
         include_dirs=["csrc"],
         cxx_std=17,
         extra_compile_args=["-O2"],
