@@ -154,3 +154,76 @@ def test_both_paths_name_the_op(native):
             w.sin()
     assert "while running aten::sin" in str(info.value)
     assert info.value.report.by_reason()["constant"] == (1, w.nbytes)
+
+
+# Storage introspection that does not count as the program's memory escaping (dtr/runtime/escapes.py).
+_storage = torch._C.TensorBase.untyped_storage
+
+
+def _doubling_chain(x, k):
+    """k activations, each twice the last (x * 2 ** (i + 1)), all held by the returned list."""
+    hs = [x * 2]
+    for _ in range(k - 1):
+        hs.append(hs[-1] * 2)
+    return hs
+
+
+def _all_back_and_exact(hs, x):
+    return all(_storage(h).nbytes() == h.numel() * 4 for h in hs) and \
+        all(torch.equal(h, x * 2 ** (i + 1)) for i, h in enumerate(hs))
+
+
+def test_tensors_held_beyond_the_budget_at_the_end_come_back_before_the_error():
+    """Note [The end of a block]: the program kept 7 activations (and x) under a budget of 5: the block
+    raises OutOfBudgetError naming what they need, after bringing all of them back.
+    Regression: it raised with 3 of them left without their bytes (reading them read freed memory)."""
+    n = 1 << 16
+    x = torch.randn(n)
+    with pytest.raises(dtr.OutOfBudgetError, match=r"2097152 bytes had to be resident at once, but the budget is "
+                       r"1310720 bytes.*brought back beyond the budget and can be used") as e:
+        with dtr.budget(5 * 4 * n, cost_model="flops") as b:
+            hs = _doubling_chain(x, 7)
+            assert b.stats["evictions"] > 0
+    assert e.value.needed == 8 * 4 * n and e.value.budget == 5 * 4 * n
+    assert _all_back_and_exact(hs, x)
+    assert b.stats["peak_bytes"] == 8 * 4 * n  # what it took, reported as it was
+
+
+@pytest.mark.parametrize("failure", ["program", "out-of-budget"])
+def test_tensors_held_when_the_block_fails_come_back(failure):
+    """A block left by an exception (the program's own, or dtr's OutOfBudgetError) still brings back what the
+    program holds before the exception propagates, so a program that catches it can use them."""
+    n = 1 << 16
+    x = torch.randn(n)
+    with pytest.raises(KeyError if failure == "program" else dtr.OutOfBudgetError):
+        with dtr.budget(6 * 4 * n, cost_model="flops") as b:
+            hs = _doubling_chain(x, 7)
+            kept = hs[::2]  # x * 2, * 8, * 32, * 128: within the budget together
+            del hs
+            assert b.stats["evictions"] > 0 and not all(b._driver.core.defined(b._driver.table.version[
+                _storage(t)._cdata]) for t in kept)
+            if failure == "program":
+                raise KeyError("the program's own error")
+            torch.ones(10 * n)  # needs 10 activations' room at once: cannot fit
+    assert all(_storage(h).nbytes() == 4 * n and torch.equal(h, x * 2 ** (2 * i + 1)) for i, h in enumerate(kept))
+
+
+def test_a_failed_block_whose_tensors_cannot_come_back_says_so(monkeypatch):
+    """If bringing back what the program holds fails as well (a recomputation raises), the block's own
+    exception still propagates, and a BudgetWarning says that the evicted tensors must not be used."""
+    from dtr.runtime import recompute as recompute_mod
+
+    def failing(self, op):
+        raise RuntimeError("simulated failure of a recomputation")
+    n = 1 << 16
+    x = torch.randn(n)
+    with pytest.warns(dtr.BudgetWarning, match="simulated failure of a recomputation.*must not be used"):
+        with pytest.raises(KeyError, match="the program's own error"):
+            with dtr.budget(6 * 4 * n, cost_model="flops") as b:
+                hs = _doubling_chain(x, 7)
+                kept = hs[::2]
+                del hs
+                assert not all(b._driver.core.defined(b._driver.table.version[_storage(t)._cdata]) for t in kept)
+                monkeypatch.setattr(recompute_mod.Recomputer, "run", failing)
+                raise KeyError("the program's own error")
+    assert any(_storage(t).nbytes() == 0 for t in kept)  # what the warning is about

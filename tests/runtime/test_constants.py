@@ -1,0 +1,183 @@
+"""Constants under a budget: memory that escaped, constants the program drops, and writes to constants.
+
+A constant is a storage dtr did not compute (a parameter, an input, a buffer whose bytes left through NumPy).
+It is never evicted; when the program drops one that something evicted was computed from, dtr keeps it or pins
+what needs it (Note [Keeping a dead constant] in dtr/runtime/liveness.py), and a write to one is a new constant.
+"""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from support.models import mlp  # noqa: E402
+from support.training import constant_bytes_per_tensor  # noqa: E402
+
+import dtr  # noqa: E402
+from dtr.core import ReplayStatus  # noqa: E402
+from dtr.sim import replay  # noqa: E402
+
+# Storage introspection that does not count as the program's memory escaping (dtr/runtime/escapes.py).
+_storage = torch._C.TensorBase.untyped_storage
+
+
+def test_escaped_memory_is_never_evicted():
+    """After .numpy() the buffer belongs to NumPy too: dtr must never free it."""
+    torch.manual_seed(0)
+    model, x, y = mlp(), torch.randn(2048, 256), torch.randint(0, 10, (2048,))  # (test_runtime.py's "mlp")
+    big = torch.cat([x, x])
+    torch.manual_seed(5)
+    with torch.no_grad():
+        ref = [model[:k](x) for k in (2, 5, 8)]
+    ref0 = ref[0].numpy().copy()
+    act = x.shape[0] * 256 * 4
+    limit = constant_bytes_per_tensor(model, x, y, big) + 7 * act  # 3 held + a forward of `big` (~4.5) do not fit
+    torch.manual_seed(5)
+    with dtr.budget(limit, cost_model="flops") as b:
+        with torch.no_grad():
+            held = [model[:k](x) for k in (2, 5, 8)]
+            arr = held[0].numpy()
+            mode = b._driver
+            s = mode.core.storage_of(mode.table.version[_storage(held[0])._cdata])
+            for _ in range(2):
+                model(big)
+                assert mode.core.resident(s)
+                assert (arr == ref0).all()  # (a torch view of arr would be a new tensor for dtr)
+            assert held[1].tolist() == ref[1].tolist()  # read out (brought back, not pinned)
+    assert b.stats["evictions"] > 0
+    assert torch.equal(torch.from_numpy(arr), ref[0])
+    for h, r in zip(held, ref):
+        assert torch.equal(h, r)
+
+
+def test_dropped_constant_protects_a_value_computed_from_it():
+    """Regression: a constant and an activation dropped together, while a held tensor computed from both
+    is evicted: the poll must release the activation before protecting (recomputing from) the constant."""
+    n = 1 << 16
+    x, c = torch.randn(n), torch.randn(n)
+    ref = c + x * 2
+    with torch.no_grad(), dtr.budget(2 * 4 * n + 4 * (4 * n), cost_model="flops") as b:
+        d = x * 2
+        e = c + d
+        keep = [torch.mm(d.view(256, 256), d.view(256, 256)).view(-1) for _ in range(3)]
+        del c, d
+        keep[0] + 1
+    assert b.stats["evictions"] > 0
+    assert torch.equal(e, ref)
+
+
+def full_poll(b):
+    """A full poll as the mode runs one: with the mode off, so that what it recomputes is not seen as new ops."""
+    with b._driver.off():
+        b._driver.poll()
+
+
+def test_a_dropped_constant_is_kept_rather_than_pinning_what_needs_it(tmp_path):
+    """A small constant dropped while large tensors computed from it are held is kept, not protected.
+
+    Protecting it would pin all eight of them, which the budget cannot hold (as
+    in Hugging Face GPT-2's causal mask: Note [Keeping a dead constant]). Once
+    nothing held needs it, it is released.
+    """
+    n = 1 << 16
+    x, c = torch.randn(n), torch.tensor([1.5])
+    ref = [x * c]
+    for _ in range(7):
+        ref.append(torch.sin(ref[-1]))
+    ref_sums = torch.stack([r.sum() for r in ref])
+    del ref
+    limit, path = 4 * n * 6, tmp_path / "kept.jsonl"  # x and five more
+    with torch.no_grad(), dtr.budget(limit, cost_model="flops", log=path) as b:
+        acts = [x * c]
+        for _ in range(7):
+            acts.append(torch.sin(acts[-1]))
+        del c
+        full_poll(b)
+        assert b.stats["evictions"] > 0
+        sums = torch.stack([a.sum() for a in acts])
+        assert b.stats["remats"] > 0  # x * c among them, from the kept constant
+        got = sums.tolist()  # a copy: sums' memory does not escape
+        del acts
+        full_poll(b)
+        assert b.stats["memory_bytes"] == 4 * n + 32 + 4  # x, sums and c, which sums is computed from
+        del sums
+        full_poll(b)
+        assert b.stats["memory_bytes"] == 4 * n  # c went with the last thing that needed it
+    assert got == ref_sums.tolist()
+    r = replay(path, "eqclass", limit)  # the log has the protect and release where they happened
+    assert (r.status, r.evictions, r.remats) == (ReplayStatus.OK, b.stats["evictions"], b.stats["remats"])
+
+
+def test_a_constant_write_does_not_bring_back_what_the_program_dropped():
+    """Writing a constant protects what still needs its old value, not what the program dropped.
+
+    The program's drop is seen at the next poll only; until then the core still
+    counts a reference. An evicted tensor dropped in between must not be
+    recomputed and pinned (held by dtr for good): see Note [Dropped buffers].
+    """
+    w = torch.randn(256, 256)
+    n = _storage(w).nbytes()
+    ref = w * 3
+    with torch.no_grad():
+        with dtr.budget(n * 5 // 2, cost_model="flops") as b:
+            h = w * 2      # computed from w
+            k = w * 3      # no room for both: h is evicted
+            assert b.stats["evictions"] == 1
+            del h          # not polled yet
+            w.add_(1)      # protects what needs the old w: k (resident) is pinned; h must not come back
+            assert b.stats["remats"] == 0
+            assert b.stats["memory_bytes"] <= 2 * n + n // 2
+            b._driver.poll()
+            assert len(b._driver.table.alive) == 2  # w and k
+    assert torch.equal(k, ref)
+
+
+SELF_READING_WRITES = {
+    "add_(a, a)": lambda a, b: a.add_(a),
+    "mul_(a, a)": lambda a, b: a.mul_(a),
+    "copy_(a, a)": lambda a, b: a.copy_(a),
+    "mul(a, b, out=a)": lambda a, b: torch.mul(a, b, out=a),
+    "mul(a, a, out=a)": lambda a, b: torch.mul(a, a, out=a),
+    "addcmul_(a, a, b)": lambda a, b: a.addcmul_(a, b),
+}
+
+
+@pytest.mark.parametrize("write", sorted(SELF_READING_WRITES))
+def test_a_write_that_also_reads_its_target_is_one_write(tmp_path, write):
+    """An in-place op whose written tensor is also another argument makes one new version of its storage.
+
+    Matching written arguments by identity once made two writes of one
+    storage (Note [Written leaves] in dtr/runtime/reference.py): the core released a
+    tensor twice. Checked without a limit, and at a budget where both the
+    written tensor and what reads it are evicted and recomputed (the old
+    version is read twice, so it is copied rather than handed over).
+    """
+    f = SELF_READING_WRITES[write]
+    x = torch.randn(64, 64)
+    n = _storage(x).nbytes()
+
+    def program():
+        a, b = x.exp(), x.sin()
+        c = a.tanh()    # reads the old version of a
+        f(a, b)
+        d = a * 2       # reads the new one
+        filler = [x.cos() for _ in range(3)]  # pushes everything out under the budget
+        del filler
+        return a + d + c + b
+
+    want = program()
+    log = tmp_path / "w.jsonl"
+    with dtr.budget(None, cost_model="flops", log=str(log)):
+        assert torch.equal(program(), want)
+    calls = [json.loads(line) for line in log.read_text().splitlines()]
+    writes = [c for c in calls if c.get("mutated")]
+    assert len(writes) == 1 and len(writes[0]["mutated"]) == 1, writes
+    tight = tmp_path / "tight.jsonl"
+    with dtr.budget(n * 5, cost_model="flops", log=str(tight)) as b:
+        got = program()
+    assert b.stats["remats"] > 0
+    assert torch.equal(got, want)
+    r = replay(tight, "eqclass", n * 5, thrash_limit=float("inf"))  # the simulator agrees
+    assert (r.status, r.evictions, r.remats) == (ReplayStatus.OK, b.stats["evictions"], b.stats["remats"])
