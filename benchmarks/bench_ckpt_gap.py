@@ -37,7 +37,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-import bench_runtime  # noqa: E402
+import bench_models  # noqa: E402
 
 import dtr  # noqa: E402
 
@@ -58,7 +58,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     a = ap.parse_args(argv)
     torch.set_num_threads(1)
 
-    model, inputs, loss_fn, const = bench_runtime.training_setup("gpt", bench_runtime.SIZES["gpt"][0])
+    model, inputs, loss_fn, const = bench_models.training_setup("gpt", bench_models.SIZES["gpt"][0])
 
     def step(v: str, limit: Optional[int] = None) -> float:
         model.zero_grad(set_to_none=False)
@@ -74,7 +74,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                 loss_fn(model, *inputs).backward()
         return time.perf_counter() - t
 
-    peak = bench_runtime.plain_peak(lambda: step("plain"))
+    peak = bench_models.plain_peak(lambda: step("plain"))
     limit = int(const + a.frac * peak)
     print(f"C = {const / 2**20:.1f} MiB, P = {peak / 2**20:.1f} MiB (this process), "
           f"budget C + {a.frac} P = {limit / 2**20:.1f} MiB")

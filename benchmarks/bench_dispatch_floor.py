@@ -47,7 +47,7 @@ import torch
 import dtr
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import bench_runtime  # noqa: E402  (the models)
+import bench_models  # noqa: E402
 from dispatch_modes import Nop, OpNames  # noqa: E402
 
 
@@ -74,8 +74,8 @@ def main(argv=None) -> int:
         return 0
     ext = _build(a.build_dir) if a.part == "floor" else None
     torch.set_num_threads(1)
-    cfg = bench_runtime.SIZES["treelstm"][0]
-    model, inputs, loss_fn = bench_runtime.build("treelstm", cfg)
+    cfg = bench_models.SIZES["treelstm"][0]
+    model, inputs, loss_fn = bench_models.build("treelstm", cfg)
 
     def step():
         model.zero_grad(set_to_none=True)

@@ -36,7 +36,7 @@ from typing import Dict, List, Optional
 import torch
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-import bench_runtime  # noqa: E402
+import bench_models  # noqa: E402
 from report import write_section  # noqa: E402
 
 import dtr  # noqa: E402
@@ -56,7 +56,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     a = ap.parse_args(argv)
     torch.set_num_threads(1)
 
-    model, inputs, loss_fn, const = bench_runtime.training_setup("gpt", bench_runtime.SIZES["gpt"][0])
+    model, inputs, loss_fn, const = bench_models.training_setup("gpt", bench_models.SIZES["gpt"][0])
 
     def step(v: str, limit: Optional[int] = None, log: Optional[str] = None) -> float:
         model.zero_grad(set_to_none=False)
@@ -69,7 +69,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                 loss_fn(model, *inputs).backward()
         return time.perf_counter() - t
 
-    peak = bench_runtime.plain_peak(lambda: step("plain"))
+    peak = bench_models.plain_peak(lambda: step("plain"))
     step("ckpt")
     times: Dict[str, List[float]] = {"plain": [], "ckpt": []}
     for r in range(a.rounds):

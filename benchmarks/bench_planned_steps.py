@@ -44,7 +44,7 @@ from typing import Dict, List, Optional
 import torch
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-import bench_runtime  # noqa: E402
+import bench_models  # noqa: E402
 from report import write_section  # noqa: E402
 
 import dtr  # noqa: E402
@@ -67,11 +67,11 @@ def _build(name: str, full: bool = False):
         return (*_mlp(), lambda i: None)
     torch.manual_seed(0)
     if name != "treelstm-new":
-        return (*bench_runtime.build(name, bench_runtime.SIZES[name][0 if full else 1]), lambda i: None)
-    cfg = bench_runtime.SIZES["treelstm"][1]
-    model, inputs, _ = bench_runtime.build("treelstm", cfg)
+        return (*bench_models.build(name, bench_models.SIZES[name][0 if full else 1]), lambda i: None)
+    cfg = bench_models.SIZES["treelstm"][1]
+    model, inputs, _ = bench_models.build("treelstm", cfg)
     rng = random.Random(2)
-    trees = [bench_runtime.random_tree(0, cfg["leaves"], rng) for _ in range(64)]
+    trees = [bench_models.random_tree(0, cfg["leaves"], rng) for _ in range(64)]
     now = [trees[0]]
 
     def new_step(i: int) -> None:

@@ -41,7 +41,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-import bench_runtime  # noqa: E402
+import bench_models  # noqa: E402
 
 import dtr  # noqa: E402
 
@@ -69,7 +69,7 @@ def main(argv=None) -> int:
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     variants = a.variants.split(",")
     cfg = dict(CFG, layers=6, d=64, heads=2, seq=32, batch=4, vocab=64) if a.smoke else CFG
-    model, inputs, loss_fn = bench_runtime.build("gpt", cfg)
+    model, inputs, loss_fn = bench_models.build("gpt", cfg)
     model = model.to(dev)
     inputs = tuple(x.to(dev) for x in inputs)
     params = list(model.parameters())
