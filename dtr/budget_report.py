@@ -22,7 +22,8 @@ HOLD_REASONS: Dict[str, str] = {
     "protected": "pinned to keep a value that a write to a constant (an optimizer step, a dropped input) "
                  "would otherwise change",
     "escaped": "pinned because their bytes were read outside PyTorch (.numpy(), DLPack, data_ptr(), "
-               "torch.save, pickle, a collective such as DDP's all-reduce)",
+               "torch.save, pickle, a collective such as DDP's all-reduce) or computed from bytes that can be "
+               "written there (torch.from_numpy and the like)",
     "version_chain": "pinned after many in-place writes (optimizer state, gradients summed in place)",
     "output": "held by the program at the end of the block (they must all be resident then)",
     "pinned": "pinned by dtr",

@@ -2,6 +2,7 @@
 // mode_commit, as named steps in the reference's order.
 #include "fastpath.h"
 
+#include <ATen/core/grad_mode.h>
 #include <torch/csrc/DynamicTypes.h>
 #include <torch/csrc/autograd/python_variable.h>
 
@@ -24,17 +25,22 @@ struct Commit {
   PyObject* recorder = nullptr;  // the mode's recorder (borrowed), or None
 };
 
-// A Slot(tensor, offset, size, stride, dtype) (recompute.Slot, a NamedTuple: a tuple of its class).
-PyObject* new_slot(long t, int64_t offset, PyObject* size, PyObject* stride, PyObject* dtype) {
+// A Slot(tensor, offset, size, stride, dtype, bits) of x, a view of core tensor t (recompute.Slot, a NamedTuple: a
+// tuple of its class; bits as recompute.bits_of).
+PyObject* new_slot(long t, const at::Tensor& x, PyObject* size, PyObject* stride, PyObject* dtype) {
   PyTypeObject* type = reinterpret_cast<PyTypeObject*>(env.slot_type);
-  PyObject* s = type->tp_alloc(type, 5);
+  PyObject* s = type->tp_alloc(type, 6);
   if (s == nullptr) return nullptr;
   PyObject* a = cached_int(t);
-  PyObject* b = PyLong_FromLongLong(offset);
-  if (a == nullptr || b == nullptr) { Py_XDECREF(a); Py_XDECREF(b); Py_DECREF(s); return nullptr; }
+  PyObject* b = PyLong_FromLongLong(x.storage_offset());
+  PyObject* bits = cached_int((x.is_conj() ? 1 : 0) | (x.is_neg() ? 2 : 0));  // (recompute.bits_of)
+  if (a == nullptr || b == nullptr || bits == nullptr) {
+    Py_XDECREF(a); Py_XDECREF(b); Py_XDECREF(bits); Py_DECREF(s);
+    return nullptr;
+  }
   Py_INCREF(size); Py_INCREF(stride); Py_INCREF(dtype);
   PyTuple_SET_ITEM(s, 0, a); PyTuple_SET_ITEM(s, 1, b); PyTuple_SET_ITEM(s, 2, size);
-  PyTuple_SET_ITEM(s, 3, stride); PyTuple_SET_ITEM(s, 4, dtype);
+  PyTuple_SET_ITEM(s, 3, stride); PyTuple_SET_ITEM(s, 4, dtype); PyTuple_SET_ITEM(s, 5, bits);
   untrack(s);  // see Note [Untracked records] in py_object.h
   return s;
 }
@@ -113,7 +119,7 @@ bool commit_register_outputs(Commit& c) {
     Ref size(e->out_layout(k, 0, ot.sizes())), stride(e->out_layout(k, 1, ot.strides()));
     if (!size || !stride) return false;
     PyObject* dtype = reinterpret_cast<PyObject*>(torch::getTHPDtype(ot.scalar_type()));
-    Ref slot(new_slot(t, ot.storage_offset(), size.get(), stride.get(), dtype));
+    Ref slot(new_slot(t, ot, size.get(), stride.get(), dtype));
     Ref p(PyLong_FromLong(pos));
     if (!slot || !p) return false;
     PyObject* pair = PyTuple_Pack(2, p.get(), slot.get());
@@ -185,8 +191,8 @@ bool commit_saw(Commit& c) {
 }
 
 // The op's recipe (recompute.Recipe), under its core op in the recomputer's recipes: the op, its leaves with
-// each tensor as a Slot of its core tensor, its flatten spec, its outputs' slots, its write and its generator
-// states.
+// each tensor as a Slot of its core tensor, its flatten spec, its outputs' slots, its write, its generator
+// states and the grad mode.
 bool commit_recipe(Commit& c) {
   const OpCall& call = c.call;
   const Scan& s = call.scratch.scan;
@@ -201,13 +207,13 @@ bool commit_recipe(Commit& c) {
       const at::Tensor& t = THPVariable_Unpack(x);
       PyObject* slot;
       if (call.written < 0) {  // (an op that writes nothing leaves its inputs' layouts as the signature's)
-        slot = new_slot(ins[k], t.storage_offset(), e->lay_size[k].get(), e->lay_stride[k].get(),
+        slot = new_slot(ins[k], t, e->lay_size[k].get(), e->lay_stride[k].get(),
                         e->lay_dtype[k].get());
       } else {  // (layouts as they are now, as the reference reads them after an op that writes)
         Ref size(e->out_layout_or(e->lay_size[k].get(), t.sizes())), stride(e->out_layout_or(e->lay_stride[k].get(),
                                                                                               t.strides()));
         PyObject* dtype = reinterpret_cast<PyObject*>(torch::getTHPDtype(t.scalar_type()));
-        slot = size && stride ? new_slot(ins[k], t.storage_offset(), size.get(), stride.get(), dtype) : nullptr;
+        slot = size && stride ? new_slot(ins[k], t, size.get(), stride.get(), dtype) : nullptr;
       }
       if (slot == nullptr) return false;
       PyTuple_SET_ITEM(rleaves.get(), i, slot);
@@ -218,7 +224,7 @@ bool commit_recipe(Commit& c) {
     }
   }
   PyTypeObject* rt = reinterpret_cast<PyTypeObject*>(env.recipe_type);
-  PyObject* recipe = rt->tp_alloc(rt, 6);
+  PyObject* recipe = rt->tp_alloc(rt, 7);
   if (recipe == nullptr) return false;
   Ref rec(recipe);
   Ref empty(PyTuple_New(0));
@@ -237,6 +243,8 @@ bool commit_recipe(Commit& c) {
   PyTuple_SET_ITEM(recipe, 4, empty.release());
   PyObject* rng = call.rng.get();
   Py_INCREF(rng); PyTuple_SET_ITEM(recipe, 5, rng);
+  PyObject* grad = at::GradMode::is_enabled() ? Py_True : Py_False;  // (Note [What a recomputation restores])
+  Py_INCREF(grad); PyTuple_SET_ITEM(recipe, 6, grad);
   untrack(recipe);  // (and its leaves and outputs: see Note [Untracked records] in py_object.h)
   untrack(PyTuple_GET_ITEM(recipe, 1));
   untrack(PyTuple_GET_ITEM(recipe, 3));

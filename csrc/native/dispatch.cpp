@@ -17,7 +17,8 @@
 namespace dtr::native {
 namespace {
 
-// The leaf of x that Driver._trackable meets first (a strided tensor, neither nested nor meta): 1 with *first
+// The leaf of x that Driver._trackable meets first (a strided tensor, neither nested, meta, zero nor
+// quantized, nor a wrapper subclass: storage_table.trackable): 1 with *first
 // set, 0 if there is none; -1 if x holds a dict (whose leaves this scan does not order as the reference does).
 int first_trackable(PyObject* x, PyObject** first) {
   if (PyTuple_Check(x) || PyList_Check(x)) {
@@ -32,8 +33,8 @@ int first_trackable(PyObject* x, PyObject** first) {
   if (PyDict_Check(x)) return -1;
   if (THPVariable_Check(x)) {
     const at::Tensor& t = THPVariable_Unpack(x);
-    if (t.defined() && t.layout() == c10::kStrided && !t.is_nested() && !t.is_meta() &&
-        !t.key_set().has(c10::DispatchKey::Python)) {  // (Driver._trackable)
+    if (t.defined() && t.layout() == c10::kStrided && !t.is_nested() && !t.is_meta() && !t.is_quantized() &&
+        !t.key_set().has_any(c10::DispatchKeySet({c10::DispatchKey::Python, c10::DispatchKey::ZeroTensor}))) {
       *first = x;
       return 1;
     }
@@ -83,8 +84,10 @@ int dispatch_admit(FastPath* f, PyObject* func, PyObject* types, PyObject* args,
   }
   PyObject* opaque = mget(f, S::_opaque_readers);
   PyObject* timer = mget(f, S::timer);
-  if (device_type == nullptr || device_type == Py_None || !PyUnicode_Check(device_type) ||
-      (opaque != nullptr && PyDict_Check(opaque) && PyDict_GET_SIZE(opaque) > 0) || timer == nullptr ||
+  PyObject* volatile_ = mget(f, S::_volatile);  // (storages written outside PyTorch: driver.py's Note [Bytes
+  if (device_type == nullptr || device_type == Py_None || !PyUnicode_Check(device_type) ||  // written outside
+      (opaque != nullptr && PyDict_Check(opaque) && PyDict_GET_SIZE(opaque) > 0) ||          // PyTorch])
+      (volatile_ != nullptr && PySet_Check(volatile_) && PySet_GET_SIZE(volatile_) > 0) || timer == nullptr ||
       (f->measured && reinterpret_cast<PyObject*>(Py_TYPE(timer)) != env.wall_timer) || !PyTuple_Check(args))
     return PyErr_Occurred() ? -1 : 0;
   if (device_type != f->device_name) {

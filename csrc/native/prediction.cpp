@@ -57,8 +57,10 @@ bool scan_value(PyObject* x, Scan& s) {
                  !PyUnicode_CheckExact(x) && THPVariable_Check(x));
   if (tensor) {
     const at::Tensor& t = THPVariable_Unpack(x);
-    if (!t.defined() || t.layout() != c10::kStrided || t.is_nested() || t.is_meta() || !t.has_storage() ||
-        t.key_set().has(c10::DispatchKey::Python) || t.device().type() != s.device)
+    if (!t.defined() || t.layout() != c10::kStrided || t.is_nested() || t.is_meta() || t.is_quantized() || !t.has_storage() ||
+        !t.storage().resizable() ||  // (memory PyTorch does not own: driver.py's Note [Bytes written outside PyTorch])
+        t.key_set().has_any(c10::DispatchKeySet({c10::DispatchKey::Python, c10::DispatchKey::ZeroTensor})) ||
+        t.device().type() != s.device)
       return false;  // untracked tensors, and wrapper subclasses (reference.py's Note [Tensor subclasses]): the reference
     key.push_back(kTensor);
     key.push_back(static_cast<int64_t>(t.scalar_type()));

@@ -82,7 +82,7 @@ inline bool intern_names() {
 // of its Liveness (dtr/runtime/liveness.py), read at their offsets, found once by configure().
 #define DTR_MODE_SLOTS(X)                                                                                    \
   X(device_type) X(_opaque_readers) X(timer) X(recorder) X(ops_seen) X(liveness) X(table) X(recomputer)      \
-  X(_ops_at_gc) X(_live_after_gc)
+  X(_ops_at_gc) X(_live_after_gc) X(_volatile)
 #define DTR_TABLE_SLOTS(X) X(version) X(cdata_of) X(phys) X(handle) X(alive) X(versions) X(_next_handle)
 #define DTR_LIVENESS_SLOTS(X) X(recent) X(next_full_poll) X(on_schedule)
 #define DTR_SLOT_ENUM(n) n,

@@ -10,7 +10,7 @@ explain.
 from __future__ import annotations
 
 import math
-from typing import Any, Dict, Iterable, List, Optional, Tuple
+from typing import Any, Dict, Iterable, List, Optional, Set, Tuple
 
 import torch
 
@@ -18,6 +18,7 @@ from dtr.core import Core, Hold
 from dtr.errors import OutOfBudgetError, ThrashingError
 from dtr.runtime import limits
 from dtr.runtime.costs import CostModel
+from dtr.runtime.escapes import PIN, READ, WRITE
 from dtr.runtime.failures import name_failure, recomputed_op_name
 from dtr.runtime.liveness import Liveness
 from dtr.runtime.prediction import PREDICTIONS
@@ -136,7 +137,7 @@ class Driver(ReferencePath):
     """Drives the DTR core for one ``dtr.budget`` block. Created by :class:`dtr.budget`; its entry feeds it ops."""
 
     __slots__ = ("device_type", "_opaque_readers", "timer", "recorder", "ops_seen", "liveness", "table",
-                 "recomputer", "_ops_at_gc", "_live_after_gc")
+                 "recomputer", "_ops_at_gc", "_live_after_gc", "_volatile")
 
     def __init__(self, core: Core, cost_model: CostModel, recorder: Optional[LogRecorder],
                  device: Optional[torch.device] = None):
@@ -153,6 +154,8 @@ class Driver(ReferencePath):
         self.ops_seen = 0
         # opaque_keys of a non-strided tensor -> (its guard, the core tensors computed from it)
         self._opaque_readers: Dict[Any, Tuple[Any, List[int]]] = {}
+        # Core storages whose bytes may change outside the dispatcher (Note [Bytes written outside PyTorch])
+        self._volatile: Set[int] = set()
         self._ops_at_gc = 0
         self._live_after_gc = 0
         self._collected_after_compact = 0   # collected storages the core kept at the last compaction
@@ -238,6 +241,8 @@ class Driver(ReferencePath):
             t = None  # the address of a storage that died since the last poll, reused
         if t is None:
             t = self._constant(st)
+            if not st.resizable():  # memory PyTorch does not own (Note [Bytes written outside PyTorch])
+                self._volatile.add(self.core.storage_of(t))
         return t
 
     def _constant(self, st: torch.UntypedStorage) -> int:
@@ -322,18 +327,23 @@ class Driver(ReferencePath):
         self.core.set_cost(op, ns)
         self.provisional.observe(sig, func, ns)
 
-    def escape(self, x: torch.Tensor, pin: bool = True) -> None:
-        """x's memory is about to leave PyTorch's view: bring it back and (with pin) never evict it.
+    def escape(self, x: torch.Tensor, how: str = PIN) -> None:
+        """x's memory is about to leave PyTorch's view: bring it back and (PIN, WRITE) never evict it.
 
-        Called by the wrappers of escapes.py (Note [Escaped memory]); only the
-        program's own calls count, not dtr's (made with this mode off the stack).
+        Called by the wrappers of escapes.py (Note [Escaped memory]) with ``how`` (escapes.READ, PIN or WRITE:
+        the bytes may be written outside PyTorch, Note [Bytes written outside PyTorch]); only the program's
+        own calls count, not dtr's (made with this mode off the stack).
         """
+        pin = how != READ
         if not self._trackable(x) or not self.receives_ops():
             return
         cdata = _storage(x)._cdata
         t = self.table.version.get(cdata)
         if t is None or self.table.phys[self.core.storage_of(t)].dead():
-            return  # not dtr's: nothing to bring back
+            if how == WRITE:  # not dtr's yet: a constant now, whose bytes may change (Note [Bytes written ...])
+                with self.off():
+                    self._volatile.add(self.core.storage_of(self._track(x)))
+            return
         with self.off():
             if not self.core.defined(t):
                 self.poll()
@@ -342,12 +352,38 @@ class Driver(ReferencePath):
                     if self.recorder is not None:
                         self.recorder.pin(self.table.handle[t])
                     self.core.pin(t, Hold.ESCAPED)
+                    s = self.core.storage_of(t)
+                    if how == WRITE and s not in self._volatile:  # see Note [Bytes written outside PyTorch]
+                        self._volatile.add(s)
+                        if self.core.protect_targets(s):
+                            if self.recorder is not None:
+                                self.recorder.protect(self.table.handle[t])
+                            self.core.protect(s)
                 else:
                     self.core.require(t)
             except (OutOfBudgetError, ThrashingError) as e:
                 name_failure(self, e, "bringing back a tensor whose bytes are read outside PyTorch")
                 raise
 
+    # Note [Bytes written outside PyTorch]
+    # Memory handed out writable (a NumPy array, DLPack, a data pointer,
+    # shared memory: escapes.WRITE, Note [Escaped memory] in escapes.py; not
+    # torch.save, pickle or a storage object, whose writes are dispatched or
+    # wrapped) can be written
+    # without any dispatched op, and so can memory PyTorch does not own (a
+    # tensor from torch.from_numpy, from_dlpack or frombuffer: its storage
+    # cannot be resized). A recomputation reads its inputs as they are when it
+    # runs, so a value computed from such memory before a write dtr never saw
+    # came back computed from the new bytes (a = x.numpy(); y = x * 2;
+    # a[:] = 5: an evicted y came back as 10s). Such storages are *volatile*
+    # (Driver._volatile): when a storage escapes, what the program holds that
+    # was computed from it is protected as from a constant about to be
+    # written (Core.protect: brought back and pinned), and from then on every
+    # op that reads a volatile storage has its results pinned (the reference
+    # path's _commit; the native path leaves such ops to it). Nothing computed
+    # from them is ever recomputed from them. The cost is memory: the results
+    # of the ops that read such storages stay resident (a model fed with
+    # torch.from_numpy batches keeps its first layer's outputs).
     # Note [Storages the program resizes]
     # FSDP2 frees each unsharded parameter after its forward and backward use
     # (``untyped_storage().resize_(0)``) and allocates it again before the next
@@ -368,8 +404,12 @@ class Driver(ReferencePath):
     # true bytes.
     def resize(self, st: torch.UntypedStorage, nbytes: int) -> None:
         """The program is about to resize ``st`` to ``nbytes`` itself (see Note [Storages the program resizes])."""
-        if not self.receives_ops():
-            return
+        if self.receives_ops():
+            with self.off():
+                self.end_storage(st, nbytes)
+
+    def end_storage(self, st: torch.UntypedStorage, nbytes: int) -> None:
+        """:meth:`resize`'s work, where dtr's ops already run off the block (an op the driver is handling)."""
         t = self.table.version.get(st._cdata)
         if t is None:
             return
@@ -378,23 +418,22 @@ class Driver(ReferencePath):
         buf = self.table.phys.get(s)
         if buf is None or buf.dead():
             return
-        with self.off():
-            if not core.resident(s):
-                try:
-                    core.require(t)
-                except (OutOfBudgetError, ThrashingError) as e:
-                    name_failure(self, e, "bringing back a storage the program resizes")
-                    raise
-            size = core.storage_size(s)
-            if nbytes == size:
-                return
-            if size and core.storage_dependents(s):
-                keep = torch.UntypedStorage(size, device=st.device)
-                keep.copy_(st)
-            else:
-                keep = torch.UntypedStorage(0, device=st.device)
-            self.table.phys[s] = Buf(keep, owned=True, dropped=True)
-            self.table.forget_address(t)
+        if not core.resident(s):
+            try:
+                core.require(t)
+            except (OutOfBudgetError, ThrashingError) as e:
+                name_failure(self, e, "bringing back a storage the program resizes")
+                raise
+        size = core.storage_size(s)
+        if nbytes == size:
+            return
+        if size and core.storage_dependents(s):
+            keep = torch.UntypedStorage(size, device=st.device)
+            keep.copy_(st)
+        else:
+            keep = torch.UntypedStorage(0, device=st.device)
+        self.table.phys[s] = Buf(keep, owned=True, dropped=True)
+        self.table.forget_address(t)
 
     def collect(self) -> None:
         """Drop the recipes of ops the core will never run again and the buffers of storages it
@@ -433,6 +472,7 @@ class Driver(ReferencePath):
         self.table.renumber(tensors, storages)
         self._opaque_readers = {k: (guard, [tensors[t] for t in ts if tensors[t] >= 0])
                                 for k, (guard, ts) in self._opaque_readers.items() if not guard.expired()}
+        self._volatile = {storages[s] for s in self._volatile if storages[s] >= 0}
         self._collected_after_compact = self.core.num_collected_storages
         self._collected_ops = 0
 

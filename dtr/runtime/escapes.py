@@ -19,6 +19,11 @@
 #   multiprocessing queues; ``torch.save`` reduces every tensor before it
 #   writes any storage's bytes, so bringing them back one at a time could
 #   evict an earlier one before its bytes are written).
+#   Those that hand the memory out writable (``.numpy()``, ``__array__``,
+#   ``data_ptr``, DLPack, ``__cuda_array_interface__``, ``share_memory_``:
+#   WRITE) also make it volatile: its bytes may change without a dispatched
+#   op, so nothing computed from it is ever recomputed from it (Note [Bytes
+#   written outside PyTorch] in driver.py).
 # - bring back only: the bytes are read at once, before any other op:
 #   ``.tolist()`` and ``copy.deepcopy`` (its copy is a dispatched op from then
 #   on, which dtr tracks like any other).
@@ -51,25 +56,28 @@ import torch.utils.dlpack
 
 from dtr.runtime.storage_table import resize_storage
 
-__all__ = ["ESCAPING", "patch_escapes"]
+__all__ = ["ESCAPING", "PIN", "READ", "WRITE", "patch_escapes"]
 
-# Tensor method name -> whether the memory escapes (pin) or is only read once (bring back).
-ESCAPING: Dict[str, bool] = {
-    "numpy": True,
-    "__array__": True,
-    "data_ptr": True,
-    "const_data_ptr": True,
-    "__dlpack__": True,
-    "share_memory_": True,
-    "untyped_storage": True,
-    "storage": True,
-    "__reduce_ex__": True,
-    "tolist": False,
-    "__deepcopy__": False,
+#: How a way out treats the memory: READ brings it back, PIN also pins it, WRITE also marks it as memory
+#: that can be written outside PyTorch (Note [Bytes written outside PyTorch] in driver.py).
+READ, PIN, WRITE = "read", "pin", "write"
+# Tensor method name -> how the memory escapes.
+ESCAPING: Dict[str, str] = {
+    "numpy": WRITE,
+    "__array__": WRITE,
+    "data_ptr": WRITE,
+    "const_data_ptr": PIN,
+    "__dlpack__": WRITE,
+    "share_memory_": WRITE,
+    "untyped_storage": PIN,  # (a storage's own methods that write are dispatched, and resize_ is wrapped)
+    "storage": PIN,
+    "__reduce_ex__": PIN,
+    "tolist": READ,
+    "__deepcopy__": READ,
 }
-# Properties of torch.Tensor whose getter hands the memory out (pinned).
+# Properties of torch.Tensor whose getter hands the memory out (WRITE).
 _ESCAPING_PROPERTIES = ("__cuda_array_interface__",)
-# Module-level functions that export a tensor's memory: (module, name); pinned.
+# Module-level functions that export a tensor's memory: (module, name); WRITE.
 _ESCAPING_FUNCTIONS = ((torch.utils.dlpack, "to_dlpack"), (torch, "to_dlpack"))
 # Class attributes hidden during a block (see the Note).
 _HIDDEN = ("__dlpack_c_exchange_api__",)
@@ -77,14 +85,14 @@ _HIDDEN = ("__dlpack_c_exchange_api__",)
 _depth = threading.local()  # escapes in progress on this thread
 # The active block's escape (the outermost one's: a nested block uses it), which every wrapper calls. The wrappers
 # are made once per original and kept, so that entering a block does not build them again each time.
-_active: List[Optional[Callable[[torch.Tensor, bool], None]]] = [None]
+_active: List[Optional[Callable[[torch.Tensor, str], None]]] = [None]
 _active_resize: List[Optional[Callable[[torch.UntypedStorage, int], None]]] = [None]  # the same for resizes
-_wrappers: Dict[Tuple[int, bool], Tuple[Callable, Callable]] = {}  # (id(original), pin) -> (original, wrapper)
+_wrappers: Dict[Tuple[int, str], Tuple[Callable, Callable]] = {}  # (id(original), how) -> (original, wrapper)
 
 
-def _guarded(original: Callable, pin: bool) -> Callable:
-    """``original(tensor, ...)`` after the active block's ``escape(tensor, pin)``, unless inside another escape."""
-    key = (id(original), pin)
+def _guarded(original: Callable, how: str) -> Callable:
+    """``original(tensor, ...)`` after the active block's ``escape(tensor, how)``, unless inside another escape."""
+    key = (id(original), how)
     made = _wrappers.get(key)
     if made is not None and made[0] is original:
         return made[1]
@@ -96,7 +104,7 @@ def _guarded(original: Callable, pin: bool) -> Callable:
         _depth.n = 1
         try:
             if isinstance(self, torch.Tensor):
-                escape(self, pin)
+                escape(self, how)
             return original(self, *args, **kwargs)
         finally:
             _depth.n = 0
@@ -124,9 +132,9 @@ def _resize_wrapper(self, *args, **kwargs):
 functools.update_wrapper(_resize_wrapper, _resize_original)
 
 
-def patch_escapes(escape: Callable[[torch.Tensor, bool], None],
+def patch_escapes(escape: Callable[[torch.Tensor, str], None],
                   resize: Optional[Callable[[torch.UntypedStorage, int], None]] = None) -> Callable[[], None]:
-    """Wrap the ways out of the dispatcher to call ``escape(tensor, pin)`` first (Note [Escaped memory]).
+    """Wrap the ways out of the dispatcher to call ``escape(tensor, how)`` first (Note [Escaped memory]).
 
     Args:
         escape: called before a tensor's bytes leave the dispatcher.
@@ -144,18 +152,18 @@ def patch_escapes(escape: Callable[[torch.Tensor, bool], None],
         saved.append((owner, name, getattr(owner, name), own))
         setattr(owner, name, new)
 
-    for name, pin in ESCAPING.items():
+    for name, how in ESCAPING.items():
         original = getattr(torch.Tensor, name, None)
         if original is not None:
-            replace(torch.Tensor, name, _guarded(original, pin))
+            replace(torch.Tensor, name, _guarded(original, how))
     for name in _ESCAPING_PROPERTIES:
         prop = torch.Tensor.__dict__.get(name)
         if isinstance(prop, property) and prop.fget is not None:
-            replace(torch.Tensor, name, property(_guarded(prop.fget, True), doc=prop.__doc__))
+            replace(torch.Tensor, name, property(_guarded(prop.fget, WRITE), doc=prop.__doc__))
     for module, name in _ESCAPING_FUNCTIONS:
         original = getattr(module, name, None)
         if original is not None:
-            replace(module, name, _guarded(original, True))
+            replace(module, name, _guarded(original, WRITE))
     if resize is not None and torch.UntypedStorage.resize_ is _resize_original:
         replace(torch.UntypedStorage, "resize_", _resize_wrapper)
     for name in _HIDDEN:

@@ -11,6 +11,7 @@ from typing import Any, Dict, List, NamedTuple, Optional
 import torch
 
 from dtr.runtime import limits
+from dtr.runtime.effects import RESIZES
 from dtr.runtime.pytree import tree_flatten, tree_unflatten
 from dtr.runtime.storage_table import opaque
 
@@ -37,6 +38,24 @@ class Prediction(NamedTuple):
 # CNN's step). An op without a meta kernel, or whose output sizes depend on
 # its data, is cached as unknown (``sizes`` None): it is accounted for after
 # it ran. Past limits.MAX_PREDICTIONS entries the cache starts over.
+def _in_place(func: Any) -> bool:
+    """Whether every return of ``func`` is its ``self``, written in place (``Tensor(a!)``): it allocates nothing.
+
+    An out= overload (kwarg-only written arguments) is not, nor a resize: they may grow a storage.
+    """
+    schema = func._schema
+    args, rets = schema.arguments, schema.returns
+    if schema.name in RESIZES or not args or not rets or any(
+            a.kwarg_only and a.alias_info is not None and a.alias_info.is_write for a in args):
+        return False
+    first = args[0].alias_info
+    return first is not None and first.is_write and all(
+        r.alias_info is not None and r.alias_info.before_set == first.before_set for r in rets)
+
+
+_QUANTIZED = frozenset([torch.qint8, torch.quint8, torch.qint32, torch.quint4x2, torch.quint2x4])
+
+
 class PredictionCache:
     """Predictions by op signature, bounded (see Note [Sizes before allocation])."""
 
@@ -66,6 +85,11 @@ class PredictionCache:
         pred = self._entries.get(sig)
         if pred is not None:
             return pred
+        if any(isinstance(x, torch.Tensor) and x.is_quantized or isinstance(x, torch.dtype) and x in _QUANTIZED
+               for x in leaves):
+            # The meta device has no quantized tensors (quantize_per_tensor's meta output is a float
+            # tensor): sizes known only after running, where the actual outputs say what is tracked.
+            return self._put(sig, Prediction(None, None, []))
         try:
             meta = [torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device="meta")
                     if isinstance(x, torch.Tensor) else x for x in leaves]
@@ -81,7 +105,8 @@ class PredictionCache:
                     sizes.append(_storage(o).nbytes())
             pred = Prediction(sizes, owning, [o for o in mout if isinstance(o, torch.Tensor)])
         except Exception:  # data-dependent or without a meta kernel: sizes known only after running
-            pred = Prediction(None, None, [])
+            # (an in-place op allocates nothing: Note [Writes without a prediction] in reference.py)
+            pred = Prediction([], [], []) if _in_place(func) else Prediction(None, None, [])
         return self._put(sig, pred)
 
     def of_factory(self, func: Any, args: Any, kwargs: Dict[str, Any], sig: Any) -> Prediction:

@@ -19,12 +19,14 @@ from dtr.runtime.effects import overwrites_self
 from dtr.runtime.pytree import tree_flatten, tree_unflatten
 from dtr.runtime.storage_table import Buf, StorageTable, opaque, resize_storage
 
-__all__ = ["Recipe", "Recomputer", "RngStates", "Slot", "default_generator", "rng_capture", "rng_state",
-           "set_rng_state", "slot_of"]
+__all__ = ["CONJ", "NEG", "Recipe", "Recomputer", "RngStates", "Slot", "bits_of", "default_generator", "rng_capture",
+           "rng_state", "set_rng_state", "slot_of"]
 
 # Tensor.untyped_storage unwrapped: a block wraps the public method (Note [Escaped memory] in escapes.py).
 _storage = torch._C.TensorBase.untyped_storage
 _SWAP = hasattr(torch.UntypedStorage, "_swap_data_ptr_")  # see Note [Adopting recomputed bytes]
+_is_grad_enabled = torch.is_grad_enabled
+_set_grad_enabled = torch._C._set_grad_enabled
 
 # Note [Versions]
 # The core sees one tensor per *version* of a physical storage. A view is not
@@ -42,6 +44,25 @@ class Slot(NamedTuple):
     size: Tuple[int, ...]
     stride: Tuple[int, ...]
     dtype: torch.dtype
+    bits: int              # CONJ | NEG: the view's lazy conjugate and negative bits (Note [Lazy bits])
+
+
+CONJ, NEG = 1, 2
+
+
+def bits_of(x: torch.Tensor) -> int:
+    """The lazy bits of ``x`` (Note [Lazy bits]): CONJ if ``x.is_conj()``, NEG if ``x.is_neg()``."""
+    return (CONJ if x.is_conj() else 0) | (NEG if x.is_neg() else 0)
+
+
+# Note [Lazy bits]
+# torch.conj of a complex tensor, and the real view of a conjugate
+# (x.conj().imag), are views with a bit set: the storage holds the plain
+# values, and the ops that read the view conjugate or negate them as they
+# read. A recomputation rebuilds each input from its storage (set_), which
+# has no bits: the op then read the plain values, and recomputed a wrong
+# result (an evicted tanh(x.conj() @ W) came back as tanh(x @ W)). So a slot
+# records the bits and view() sets them again (torch._conj, torch._neg_view).
 
 
 class Recipe(NamedTuple):
@@ -53,8 +74,23 @@ class Recipe(NamedTuple):
     outputs: Tuple[Tuple[int, Slot], ...]     # (flat output position, slot) of outputs that own a storage
     writes: Tuple[Tuple[int, int, int], ...]  # (leaf position, old version, new version or -1 for a constant)
     rng: Optional[Tuple[Tuple[torch.Generator, torch.Tensor], ...]]  # (generator, state before the op)
+    grad: bool  # autograd's grad mode when the op ran (Note [What a recomputation restores])
 
 
+# Note [What a recomputation restores]
+# A recomputation must compute the bytes the op first computed, but it runs
+# where the core needs them: often in backward, where autograd's grad mode is
+# off. Below autograd most kernels ignore grad mode, not all: on the CPU,
+# aten::mkldnn_rnn_layer (nn.LSTM) takes oneDNN's inference path when grad
+# mode is off, whose outputs differ in the last bits and whose workspace is
+# None. An LSTM's weight gradients then differed from plain PyTorch's, and
+# recomputing the workspace raised. So a recipe records the grad mode the op
+# ran under, and a recomputation runs under it (below autograd, where the
+# recomputation runs, grad mode records no graph). Random ops also replay
+# their generators' states (Note [Random ops]). Other process-wide settings
+# (torch.backends flags, the number of threads) are not recorded: a program
+# that changes them between an op and its recomputation may get other bits.
+#
 # Note [Recipes and the cyclic GC]
 # Recipes are the runtime's long-lived objects, one per op, and every container
 # object that outlives a few ops makes Python's cyclic GC run more often and
@@ -88,7 +124,8 @@ def _contiguous(size: Tuple[int, ...], stride: Tuple[int, ...]) -> bool:
 def slot_of(t: int, x: torch.Tensor) -> Slot:
     """The Slot of tensor ``x``, a view of core tensor ``t``."""
     # (storage_offset() is typed int | SymInt; it is never symbolic here: dtr sees concrete tensors)
-    return Slot(t, x.storage_offset(), tuple(x.shape), tuple(x.stride()), x.dtype)  # type: ignore[arg-type]
+    return Slot(t, x.storage_offset(), tuple(x.shape), tuple(x.stride()), x.dtype,  # type: ignore[arg-type]
+                bits_of(x))
 
 
 class Recomputer:
@@ -139,7 +176,13 @@ class Recomputer:
     def view(self, slot: Slot) -> torch.Tensor:
         """A tensor over ``slot``'s storage version (which must have its buffer), as the op saw it."""
         st = self.table.phys[self.core.storage_of(slot.tensor)].live()
-        return torch.empty(0, dtype=slot.dtype, device=st.device).set_(st, slot.offset, slot.size, slot.stride)
+        v = torch.empty(0, dtype=slot.dtype, device=st.device).set_(st, slot.offset, slot.size, slot.stride)
+        if slot.bits:  # see Note [Lazy bits]
+            if slot.bits & CONJ:
+                v = torch._conj(v)
+            if slot.bits & NEG:
+                v = torch._neg_view(v)
+        return v
 
     def refill(self, t: int) -> torch.UntypedStorage:
         """The storage of version t, with its bytes allocated (dtr's own buffer if the program dropped it)."""
@@ -185,6 +228,9 @@ class Recomputer:
         if r.rng is not None:  # replay the random op with the generator state it first saw
             saved = rng_state(r.rng)
             set_rng_state(r.rng)
+        grad = _is_grad_enabled()
+        if grad != r.grad:  # see Note [What a recomputation restores]
+            _set_grad_enabled(r.grad)
         try:
             out = r.func(*args, **kwargs)
         except BaseException:
@@ -192,6 +238,8 @@ class Recomputer:
                 resize_storage(st, 0)
             raise
         finally:
+            if grad != r.grad:
+                _set_grad_enabled(grad)
             if r.rng is not None:
                 set_rng_state(saved)
         flat = tree_flatten(out)[0]

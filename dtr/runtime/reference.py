@@ -9,19 +9,19 @@ from __future__ import annotations
 
 import logging
 from itertools import chain
-from typing import TYPE_CHECKING, Any, Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Dict, Iterable, List, NamedTuple, Optional, Sequence, Set, Tuple
 
 import torch
 
 from dtr.core import Core, Hold
 from dtr.runtime import limits
 from dtr.runtime.costs import CostModel
-from dtr.runtime.effects import REBINDS, SEEDED, is_collective, written_args
+from dtr.runtime.effects import REBINDS, RESIZES, SEEDED, is_collective, written_args
 from dtr.runtime.layouts import opaque_keys, view_positions
 from dtr.runtime.liveness import Liveness
 from dtr.runtime.prediction import Prediction, PredictionCache
 from dtr.runtime.pytree import count_leaves, tree_flatten
-from dtr.runtime.recompute import Recipe, Recomputer, RngStates, Slot, rng_capture, slot_of
+from dtr.runtime.recompute import Recipe, Recomputer, RngStates, Slot, bits_of, rng_capture, slot_of
 from dtr.runtime.recorder import LogRecorder
 from dtr.runtime.storage_table import Buf, StorageTable, opaque, subclass_types, trackable
 from dtr.runtime.timing import ProvisionalCosts, Timer
@@ -31,6 +31,7 @@ __all__ = ["ReferencePath", "size_warning"]
 log = logging.getLogger("dtr.runtime")
 # Tensor.untyped_storage unwrapped: a block wraps the public method (Note [Escaped memory] in escapes.py).
 _storage = torch._C.TensorBase.untyped_storage
+_is_grad_enabled = torch.is_grad_enabled
 
 
 # Note [Version chains]
@@ -47,9 +48,16 @@ _storage = torch._C.TensorBase.untyped_storage
 
 def _layouts(leaves: List[Any]) -> Tuple[Any, ...]:
     """Each leaf's part of an op's signature: (shape, stride, dtype) of a strided tensor, else a hashable value."""
-    return tuple([((tuple(x.shape), tuple(x.stride()), x.dtype) if not opaque(x)
-                   else (x.layout, x.dtype)) if isinstance(x, torch.Tensor)  # (Note [Other layouts])
-                  else _hashable(x) for x in leaves])
+    return tuple([((tuple(x.shape), tuple(x.stride()), x.dtype) if not opaque(x) else _opaque_layout(x))
+                  if isinstance(x, torch.Tensor) else _hashable(x) for x in leaves])
+
+
+def _opaque_layout(x: torch.Tensor) -> Tuple[Any, ...]:
+    """An opaque tensor's part of a signature (Note [Other layouts]): its layout and dtype, and its shape and
+    strides where it has them (a zero or quantized tensor: ops on two shapes of one are two signatures)."""
+    if x.layout == torch.strided and not x.is_nested:
+        return (x.layout, x.dtype, tuple(x.shape), tuple(x.stride()))
+    return (x.layout, x.dtype)
 
 
 class _Call(NamedTuple):
@@ -81,12 +89,14 @@ class ReferencePath:
     _ops_at_gc: int
     _live_after_gc: int
     _opaque_readers: Dict[Any, Tuple[Any, List[int]]]
+    _volatile: Set[int]
 
     if TYPE_CHECKING:
         def _trackable(self, x: Any) -> bool: ...
         def _track(self, x: torch.Tensor) -> int: ...
         def poll(self, handles: Optional[Iterable[int]] = None) -> None: ...
         def collect(self) -> None: ...
+        def end_storage(self, st: torch.UntypedStorage, nbytes: int) -> None: ...
 
     # Note [Tensor subclasses]
     # A tensor subclass that dispatches in Python (a wrapper: TwoTensor, DTensor,
@@ -118,6 +128,8 @@ class ReferencePath:
             return self._run_untracked_inputs(func, args, kwargs, leaves, spec)
         if func in REBINDS:
             return self._rebind(func, args, kwargs)
+        if func._schema.name in RESIZES and self._grows_storage(func, args, kwargs):
+            return func(*args, **kwargs)  # see Note [Tensors the program resizes]
         self.ops_seen += 1
         core = self.core
         if self.timer.pending:  # costs measured on the device since the last op
@@ -143,7 +155,8 @@ class ReferencePath:
         sig = (func, layouts)
         pred = self.predictions.of_op(func, leaves, spec, sig)
         if pred.sizes is None:  # no meta kernel: run it first, account for it after
-            out = self._run_unpredicted(_Call(func, leaves, spec, tpos, ins), args, kwargs)
+            out = self._run_unpredicted(_Call(func, leaves, spec, tpos, ins), args, kwargs,
+                                        const_writes + plain_writes)
             if collective:
                 self._pin_for_collective(self._versions_of(out))
             return out
@@ -178,6 +191,7 @@ class ReferencePath:
         if not self.cost_model.measured and (sizes or plain_writes or const_writes):
             cost = self.cost_model.estimate(func, args, kwargs, pred.metas)
         op = core.begin_call(ins, all_sizes, [-1] * len(all_sizes), inplace_of, cost)
+        olds = _old_values(leaves, const_writes) if const_writes and sizes else None
         try:
             out, flat_out, cost, pending = self._execute(func, args, kwargs, cost, sig)
         except BaseException:
@@ -186,7 +200,7 @@ class ReferencePath:
         # An op that writes nothing leaves its inputs' layouts as they were: the recipe reuses the signature's.
         self._commit(_Call(func, leaves, spec, tpos, ins, rng), op, flat_out, sizes, pred.owning, cost,
                      plain_writes, const_writes, None if pending is None else (pending, sig),
-                     None if plain_writes or const_writes else layouts)
+                     None if plain_writes or const_writes else layouts, olds)
         if collective:
             self._pin_for_collective(self._versions_of(flat_out))
         return out
@@ -258,6 +272,38 @@ class ReferencePath:
                 self.core.require(t)
         return func(*args, **kwargs)
 
+    # Note [Tensors the program resizes]
+    # Tensor.resize_ (and resize_as_) to more elements than its storage holds
+    # grows the storage: the same bytes plus new ones, a size the core's
+    # storage no longer has. Taken as an in-place write, the new version kept
+    # the old size in the core, and recomputing it copied 128 KiB into a
+    # 64 KiB buffer (it raised, and left the block's tensors without bytes).
+    # So such a resize ends the storage for dtr first, as a resize of the
+    # storage itself does (Note [Storages the program resizes] in driver.py),
+    # and runs outside the core: the next op that reads it finds a new
+    # constant at its new size. A resize within the storage's bytes changes
+    # only the tensor's shape, and is an in-place write as before.
+    def _grows_storage(self, func, args, kwargs) -> bool:
+        """Before aten::resize_ or resize_as_: whether it grows its tensor's storage, which has then ended
+        for dtr (Note [Tensors the program resizes])."""
+        names = [a.name for a in func._schema.arguments]
+        bound = dict(zip(names, args), **kwargs)
+        x, shape = bound.get("self"), bound.get("size")
+        if shape is None:
+            template = bound.get("the_template")
+            shape = template.shape if isinstance(template, torch.Tensor) else None
+        if not isinstance(x, torch.Tensor) or shape is None or not self._trackable(x):
+            return False
+        numel = 1
+        for d in shape:
+            numel *= int(d)
+        st = _storage(x)
+        needed = (int(x.storage_offset()) + numel) * x.element_size() if numel else 0
+        if needed <= st.nbytes():
+            return False
+        self.end_storage(st, needed)
+        return True
+
     # Note [Writes that protecting pins]
     # An op that writes a constant and other tensors at once (a fused
     # optimizer step: _fused_adamw_ writes the parameters, and its schema says
@@ -316,7 +362,8 @@ class ReferencePath:
 
     def _commit(self, call: _Call, op: int, flat_out: List[Any], sizes: List[int], owning: Sequence[int],
                 cost: float, plain_writes: Sequence[Tuple[int, int]] = (),
-                const_writes: Sequence[Tuple[int, int]] = (), pending: Any = None, layouts: Any = None) -> None:
+                const_writes: Sequence[Tuple[int, int]] = (), pending: Any = None, layouts: Any = None,
+                olds: Optional[Dict[int, torch.Tensor]] = None) -> None:
         """Register the op's outputs and versions, record it, and finish core op ``op``.
 
         Args:
@@ -331,6 +378,8 @@ class ReferencePath:
                 before any compaction could renumber it.
             layouts: (shape, stride, dtype) of each tensor leaf as it is now,
                 or None to read them from the leaves.
+            olds: leaf position -> the value a written constant had before the op (Note [Writes to constants
+                that allocate]), which the recipe reads in its place.
         """
         func, leaves, spec, tpos, ins, rng = call
         core = self.core
@@ -360,6 +409,13 @@ class ReferencePath:
                                [handle[t] for t in new_tensors], sizes, cost,
                                mutated=[handle[old] for _, old in plain_writes] + [handle[t] for _, t in const_writes])
         core.end_call(op, cost)
+        if self._volatile and any(storage_of(t) in self._volatile for t in ins):
+            # (see Note [Bytes written outside PyTorch] in driver.py)
+            for t in chain(new_tensors, (new for _, _, new in writes if new >= 0)):
+                if not core.pinned(storage_of(t)):
+                    if self.recorder is not None:
+                        self.recorder.pin(table.handle[t])
+                    core.pin(t, Hold.ESCAPED)
         if any(isinstance(x, torch.Tensor) and opaque(x) for x in leaves):
             for x in leaves:  # see Note [Other layouts]
                 if isinstance(x, torch.Tensor) and opaque(x):
@@ -380,9 +436,14 @@ class ReferencePath:
                     rleaves[i] = slot_of(ins[k], leaves[i])
             else:
                 for k, i in enumerate(tpos):
-                    rleaves[i] = Slot(ins[k], leaves[i].storage_offset(), *layouts[i])
+                    x, (size, stride, dtype) = leaves[i], layouts[i]
+                    rleaves[i] = Slot(ins[k], x.storage_offset(), size, stride, dtype, bits_of(x))
+            if olds:
+                for pos, x in olds.items():
+                    rleaves[pos] = x
             # (tuples: see Note [Recipes and the cyclic GC] in recompute.py)
-            self.recomputer.recipes[op] = Recipe(func, tuple(rleaves), spec, tuple(out_slots), tuple(writes), rng)
+            self.recomputer.recipes[op] = Recipe(func, tuple(rleaves), spec, tuple(out_slots), tuple(writes), rng,
+                                                     _is_grad_enabled())
         for new, n in chains:  # see Note [Version chains]
             if n >= limits.MAX_VERSIONS:
                 if self.recorder is not None:
@@ -395,7 +456,13 @@ class ReferencePath:
     # dtr evicts and recomputes strided storages only. A tensor of another
     # layout (sparse COO/CSR/CSC/BSR/BSC, jagged, mkldnn) or a nested tensor
     # (of any layout) has no strides (or sizes) and no single storage of
-    # plain elements: dtr leaves it alone (_opaque), as a value it neither tracks,
+    # plain elements. A zero tensor (torch._efficientzerotensor, which
+    # forward-mode AD makes for tangents it knows are zero) has a storage
+    # with no memory, which cannot be resized or read (resize_(0) raised
+    # "invalid python storage" at the first eviction). A quantized tensor's
+    # quantizer (its scale and zero point) is not in its storage (rebuilding
+    # one from its storage for a recomputation failed inside torch). dtr
+    # leaves all of these alone (_opaque), as a value it neither tracks,
     # counts nor evicts, held as it is by the recipes that read it (the
     # recipes' outputs are tracked and evictable as usual). A recipe reads it
     # when it is recomputed, so an in-place write to it (S.mul_(2), a sparse
@@ -499,12 +566,38 @@ class ReferencePath:
         op = self.core.begin_call([], sizes, [-1] * len(sizes), [], 0.0)
         return op, sizes, pred.owning, pred.metas
 
-    def _run_unpredicted(self, call: _Call, args, kwargs):
-        """An op whose output sizes could not be predicted: run, then account (may overshoot by its outputs)."""
+    # Note [Writes without a prediction]
+    # An op whose output sizes the meta device cannot predict runs first and
+    # is accounted for after (_account_after), so the core cannot hand a
+    # written storage's bytes to a new version before it runs. An in-place op
+    # allocates nothing, so PredictionCache predicts one from its schema (its
+    # returns alias written arguments) when its meta kernel fails (in-place
+    # samplers given a generator=: "generator is not supported in refs"), and
+    # it takes the usual path. Any other op that writes a tracked storage
+    # (a custom op without a fake kernel) writes pinned storages: the versions
+    # it writes are pinned first, then protected as constants about to be
+    # written (what was computed from them is pinned too), and the recipe
+    # runs its write on a copy. Before, such a write was not recorded at all:
+    # an evicted exponential_(generator=g) came back as the empty tensor it
+    # was written into.
+    def _run_unpredicted(self, call: _Call, args, kwargs, writes: List[Tuple[int, int]]):
+        """An op whose output sizes could not be predicted: run, then account (may overshoot by its outputs).
+
+        ``writes``: (leaf position, core tensor) of the tracked storages it writes (Note [Writes without a
+        prediction]).
+        """
         func, leaves, _, tpos, ins, _ = call
-        if not all(map(self.core.defined, ins)):  # a recomputation must not read a storage just dropped
+        core = self.core
+        if not all(map(core.defined, ins)):  # a recomputation must not read a storage just dropped
             self.poll()
+        for _, t in writes:
+            if not core.pinned(core.storage_of(t)):
+                if self.recorder is not None:
+                    self.recorder.pin(self.table.handle[t])
+                core.pin(t)
+            self._protect_written(core.storage_of(t))
         op0 = self.core.begin_call(ins, [], [], [], 0.0)  # brings the inputs back
+        olds = _old_values(leaves, writes) if writes else None
         if self.recorder is not None:
             self.recorder.call(func._schema.name.split("::")[-1], [self.table.handle[t] for t in ins], [], [], 0.0)
         self.core.end_call(op0, 0.0)
@@ -516,16 +609,19 @@ class ReferencePath:
         views = view_positions(func, out)
         owning = [i for i, o in enumerate(flat_out) if self._trackable(o)
                   and _storage(o)._cdata not in known and i not in views]
-        return self._account_after(call, out, flat_out, owning)
+        return self._account_after(call, out, flat_out, owning, writes, olds)
 
-    def _account_after(self, call: _Call, out: Any, flat_out: List[Any], owning: List[int]) -> Any:
-        """Account for an op that already ran (its outputs at ``owning`` own new storages); its result."""
+    def _account_after(self, call: _Call, out: Any, flat_out: List[Any], owning: List[int],
+                       const_writes: Sequence[Tuple[int, int]] = (),
+                       olds: Optional[Dict[int, torch.Tensor]] = None) -> Any:
+        """Account for an op that already ran (its outputs at ``owning`` own new storages, it wrote the pinned
+        ``const_writes``); its result."""
         self.ops_seen += 1
         sizes = [_storage(flat_out[i]).nbytes() for i in owning]
         op = self.core.begin_call(call.ins, sizes, [-1] * len(sizes), [], 0.0)
         outs = [o for o in flat_out if isinstance(o, torch.Tensor)]
         cost = 1.0 if self.cost_model.measured else self.cost_model.estimate(call.func, (), {}, outs)
-        self._commit(call, op, flat_out, sizes, owning, cost)
+        self._commit(call, op, flat_out, sizes, owning, cost, const_writes=const_writes, olds=olds or None)
         return out
 
     # Note [Written leaves]
@@ -566,6 +662,24 @@ class ReferencePath:
                         storages.add(cdata)
                         out.append(i)
         return out
+
+
+# Note [Writes to constants that allocate]
+# A recipe runs an op's write to a constant on a copy of the constant
+# (recompute.py), and that copy holds the constant's value when the op is
+# recomputed: after the write. An op whose outputs depend on the value it
+# overwrote (a custom op that scales its argument in place and returns a new
+# tensor computed from it) then recomputed them from the new value. So when
+# an op that writes a constant also allocates, the values the written
+# constants had before it are kept (a copy, made just before the op runs) and
+# its recipe reads those instead. The copies are not counted against the
+# budget: the usual such op is batch norm in training, whose writes are its
+# running statistics (a few floats per channel). A copy lives as long as the
+# recipe.
+def _old_values(leaves: List[Any], writes: Sequence[Tuple[int, int]]) -> Dict[int, torch.Tensor]:
+    """Leaf position -> a copy of each written constant's value before the op (Note [Writes to constants that
+    allocate])."""
+    return {pos: leaves[pos].clone() for pos, _ in writes}
 
 
 def size_warning(func: Any, got: int, predicted: int) -> None:

@@ -48,17 +48,19 @@ def subclass_types(types: Any) -> bool:
 
 
 def opaque(x: torch.Tensor) -> bool:
-    """Whether dtr leaves ``x`` alone: a layout other than strided, a nested tensor (Note [Other layouts] in
-    reference.py), or a wrapper subclass; the table never holds such a tensor's memory."""
-    return x.layout != torch.strided or x.is_nested or wrapper(x)
+    """Whether dtr leaves ``x`` alone: a layout other than strided, a nested, zero or quantized tensor (Note
+    [Other layouts] in reference.py), or a wrapper subclass; the table never holds such a tensor's memory."""
+    return x.layout != torch.strided or x.is_nested or x._is_zerotensor() or x.is_quantized or wrapper(x)
 
 
 def trackable(x: Any, device_type: Optional[str]) -> bool:
-    """Whether a block on ``device_type`` tracks ``x``: a strided tensor (neither nested, nor meta, nor a wrapper
-    subclass) on that device; with ``device_type`` None, one that could set the block's device. The one rule
-    (the native path's twin: csrc/native/, ``driver_trackable``)."""
+    """Whether a block on ``device_type`` tracks ``x``: a strided tensor (neither nested, meta, zero nor quantized,
+    nor a wrapper subclass) on that device; with ``device_type`` None, one that could set the block's
+    device. The one rule (the native path's twins: ``first_trackable`` in csrc/native/dispatch.cpp and
+    ``scan_value`` in csrc/native/prediction.cpp)."""
     return (isinstance(x, torch.Tensor) and x.layout == torch.strided and not x.is_nested and not x.is_meta
-            and (device_type is None or x.device.type == device_type) and (type(x) in _PLAIN or not wrapper(x)))
+            and not x._is_zerotensor() and not x.is_quantized and (device_type is None or x.device.type == device_type)
+            and (type(x) in _PLAIN or not wrapper(x)))
 
 
 class Buf:

@@ -6,11 +6,13 @@ what needs it (Note [Keeping a dead constant] in dtr/runtime/liveness.py), and a
 """
 from __future__ import annotations
 
+import ctypes
 import json
 
 import pytest
 
 torch = pytest.importorskip("torch")
+np = pytest.importorskip("numpy")
 
 from support.models import mlp  # noqa: E402
 from support.training import constant_bytes_per_tensor  # noqa: E402
@@ -181,3 +183,65 @@ def test_a_write_that_also_reads_its_target_is_one_write(tmp_path, write):
     assert torch.equal(got, want)
     r = replay(tight, "eqclass", n * 5, thrash_limit=float("inf"))  # the simulator agrees
     assert (r.status, r.evictions, r.remats) == (ReplayStatus.OK, b.stats["evictions"], b.stats["remats"])
+
+
+_RAW_WRITES = {
+    "numpy": lambda t, a: a.__setitem__(slice(None), 5.0),
+    "data_ptr": lambda t, a: ctypes.memset(t.data_ptr(), 0, t.nbytes),
+    "dlpack": lambda t, a: np.from_dlpack(t).__setitem__(slice(None), 5.0),
+}
+
+
+@pytest.mark.parametrize("how", sorted(_RAW_WRITES))
+@pytest.mark.parametrize("when", ["before", "after"])
+def test_values_computed_from_bytes_written_outside_pytorch_are_exact(how, when):
+    """Note [Bytes written outside PyTorch] in dtr/runtime/driver.py: bytes that escaped (a NumPy array, a
+    data pointer, DLPack) and are written there. Escaped before the chain, its first op's result is pinned;
+    escaped after it, what the program holds that was computed from it is protected. Before, an evicted value
+    came back computed from the new bytes (y.sum() 163840 against 32768)."""
+    w = torch.randn(256, 256, generator=torch.Generator().manual_seed(7)) * 0.05
+
+    def step(budget):
+        t = torch.ones(64, 256)
+        with dtr.budget(budget, cost_model="flops") as b:
+            a = t.numpy() if when == "before" else None
+            y = t * 2
+            hs = [y]
+            for i in range(16 if when == "before" else 4):
+                hs.append(torch.tanh(hs[-1] @ w + i))
+            if when == "after":
+                a = t.numpy()
+            _RAW_WRITES[how](t, a)
+            more = [torch.tanh(y * i) for i in range(6 if when == "before" else 12)]
+            sums = [h.sum().item() for h in hs + more]
+            del hs, y, more
+        return sums, b.stats
+
+    want, _ = step(None)
+    got, stats = step((4 + 1 + 10) * 64 * 256 * 4 if when == "before" else (4 + 1 + 12) * 64 * 256 * 4)
+    assert stats["evictions"] > 0 and stats["remats"] > 0
+    assert got == want
+
+
+def test_values_computed_from_numpy_memory_written_there_are_exact():
+    """A tensor over memory PyTorch does not own (torch.from_numpy, before the block) whose array the program
+    writes between ops: what is computed from it is pinned (its storage cannot be resized: volatile)."""
+    w = torch.randn(256, 256, generator=torch.Generator().manual_seed(7)) * 0.05
+
+    def step(budget):
+        a = np.ones((64, 256), dtype=np.float32)
+        t = torch.from_numpy(a)
+        with dtr.budget(budget, cost_model="flops") as b:
+            hs = [t * 2]
+            for i in range(16):
+                hs.append(torch.tanh(hs[-1] @ w + i))
+            a[:] = 3.0  # a new batch loaded into the same array
+            hs.append(t * 2)
+            sums = [h.sum().item() for h in hs]
+            del hs
+        return sums, b.stats
+
+    want, _ = step(None)
+    got, stats = step((4 + 1 + 10) * 64 * 256 * 4)
+    assert stats["evictions"] > 0 and stats["remats"] > 0
+    assert got == want

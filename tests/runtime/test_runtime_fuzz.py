@@ -11,6 +11,7 @@ evict and recompute, or the comparison proves nothing.
 """
 from __future__ import annotations
 
+import collections
 import contextlib
 import gc
 import json
@@ -136,6 +137,24 @@ def test_random_programs_that_resize_storages_are_exact_or_fail_cleanly():
         exact, infeasible, evicting = exact + e, infeasible + i, evicting + v
     # (seen: 33 such products, 39 exact runs of 48, all 39 recomputing; before the fixes, wrong values)
     assert resized >= 16 and exact >= 30 and evicting >= 24, (resized, exact, infeasible, evicting)
+
+
+def test_random_programs_through_other_layouts_are_exact_or_fail_cleanly():
+    """Values laid out or written in ways a recomputation must reproduce: lazy conjugate and negative views,
+    a storage resize_ grows, quantized round trips, forward-mode AD's zero tensors (program_functions), and
+    in-place samplers given a generator (no meta kernel). Each gave wrong values or raised before its fix."""
+    exact = infeasible = evicting = 0
+    seen = collections.Counter()
+    for seed in range(16):
+        p = generate(900 + seed, length=40)
+        seen.update(ins.args[0] for ins in p.instrs if ins.kind == "layout" or ins.kind == "sample"
+                    and ins.args[0] in ("exponential_", "geometric_"))
+        e, i, v = exact_or_budget_errors(p)
+        exact, infeasible, evicting = exact + e, infeasible + i, evicting + v
+    assert set(seen) == {"lazy_bits", "grown", "quantized", "tangent", "exponential_", "geometric_"}, seen
+    # (seen: 25 such instructions, 43 exact runs of 48, all 43 recomputing; before the fixes, wrong values or
+    # "size does not match" from a recomputation)
+    assert exact >= 32 and evicting >= 28, (seen, exact, infeasible, evicting)
 
 
 @pytest.mark.slow

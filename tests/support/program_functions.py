@@ -1,11 +1,15 @@
 """The autograd Functions and blocks the random programs (random_programs.py) call: a user-defined Function,
-products through a storage the program frees and allocates again (FSDP2's unsharded parameters), and the block
-``torch.utils.checkpoint`` recomputes."""
+products through a storage the program frees and allocates again (FSDP2's unsharded parameters), the block
+``torch.utils.checkpoint`` recomputes, and the instructions through lazy conjugate and negative views, a storage
+``resize_`` grows, a quantized round trip and forward-mode AD."""
 from __future__ import annotations
 
-import torch
+import warnings
 
-__all__ = ["ScaledMul", "Unsharded", "block"]
+import torch
+import torch.autograd.forward_ad as fwAD
+
+__all__ = ["ScaledMul", "Unsharded", "block", "grown", "lazy_bits", "quantized", "tangent"]
 
 
 class ScaledMul(torch.autograd.Function):
@@ -54,3 +58,41 @@ def _gather(full: torch.Tensor, w: torch.Tensor) -> None:
 
 def block(x: torch.Tensor) -> torch.Tensor:
     return torch.tanh(x) * torch.sigmoid(x) + x
+
+
+def lazy_bits(a: torch.Tensor) -> torch.Tensor:
+    """Products through views with torch's lazy conjugate and negative bits (Note [Lazy bits] in
+    dtr/runtime/recompute.py): ``z.conj()`` is read with its conjugate bit, ``z.conj().imag`` with its
+    negative bit, each by an op whose result the block may evict and recompute."""
+    z = torch.complex(a, a * 0.5)
+    prod = (z.conj() * 1.5).real       # conj(z) * 1.5 = (1.5 a, -0.75 a): real part 1.5 a
+    neg = torch.tanh(z.conj().imag)    # -0.5 a, read through the negative bit
+    return prod + neg * a
+
+
+def grown(a: torch.Tensor) -> torch.Tensor:
+    """A tensor whose storage ``Tensor.resize_`` grows (Note [Tensors the program resizes] in
+    dtr/runtime/reference.py), its new half filled, read with ``a``."""
+    n = a.shape[0]
+    b = torch.tanh(a.detach() * 1.0)  # (resize_ refuses a tensor that requires grad)
+    b.resize_(2 * n, *a.shape[1:])
+    b[n:] = a.detach() * 0.5
+    return (b[:n] + b[n:]) * a
+
+
+def quantized(a: torch.Tensor) -> torch.Tensor:
+    """A round trip through a quantized tensor (its quantizer is not in its storage: Note [Other layouts])."""
+    with warnings.catch_warnings():  # (quantized tensors are deprecated in torch 2.13)
+        warnings.simplefilter("ignore", UserWarning)
+        q = torch.quantize_per_tensor(a.detach(), 0.05, 3, torch.qint8)
+    return q.dequantize() * a
+
+
+def tangent(a: torch.Tensor) -> torch.Tensor:
+    """Forward-mode AD through a few ops: its tangents include zero tensors (torch._efficientzerotensor)."""
+    with fwAD.dual_level():
+        d = fwAD.make_dual(a.detach(), torch.ones_like(a))
+        for _ in range(3):
+            d = torch.sin(d) * 1.5
+        _, t = fwAD.unpack_dual(d)
+    return t * a

@@ -50,7 +50,7 @@ import torch.utils.checkpoint
 from torch.distributed import _functional_collectives as fc
 from torch.testing._internal.two_tensor import TwoTensor
 
-from support.program_functions import ScaledMul, Unsharded, block
+from support.program_functions import ScaledMul, Unsharded, block, grown, lazy_bits, quantized, tangent
 
 __all__ = ["Instr", "Program", "Result", "generate", "make_leaves", "run", "run_steps", "same_bits", "assert_equal",
            "leaf_and_grad_bytes"]
@@ -59,6 +59,7 @@ SHAPES = [(16, 16), (16, 32), (32, 16), (32, 32)]
 KEEP = 3  # names the program still holds after its loss (run)
 # The program's own torch.Generator (for generator= arguments), reseeded from the program's seed by _leaves.
 _GENERATOR = torch.Generator()
+_LAYOUTS = {"lazy_bits": lazy_bits, "grown": grown, "quantized": quantized, "tangent": tangent}
 # What a "nested" instruction opens: run(nested=f) sets f(ratio) -> a context (a dtr.budget inside the
 # program's block, at ratio times its budget); empty: nothing (the eager reference).
 _NESTED: List[Callable[[float], Any]] = []
@@ -166,8 +167,11 @@ def _exec(ins: Instr, env: Dict[str, torch.Tensor]) -> None:
             env[out] = d * c
         else:  # functional: an AsyncCollectiveTensor, waited for at its first use
             env[out] = a * fc.all_reduce(c, "sum", dist.group.WORLD)
-    elif k == "numpy":  # memory that leaves PyTorch's view, then read through from_numpy
-        env[out] = torch.from_numpy(t(args[0]).detach().numpy()) * 1.5
+    elif k == "numpy":  # memory that leaves PyTorch's view, read through from_numpy, maybe written there
+        arr = t(args[0]).detach().numpy()
+        env[out] = torch.from_numpy(arr) * 1.5
+        if len(args) > 1 and args[1]:  # a write outside PyTorch (Note [Bytes written outside PyTorch])
+            arr *= 0.5
     elif k == "batch_norm":  # writes the running statistics (constants) although its schema does not say so
         a = t(args[0])
         c = a.shape[1]
@@ -214,6 +218,10 @@ def _exec(ins: Instr, env: Dict[str, torch.Tensor]) -> None:
             env[out] = a.gather(1, idx).sum(1, keepdim=True) * a
         elif args[0] == "randperm":
             env[out] = a[torch.randperm(a.shape[0], generator=g)]
+        elif args[0] in ("exponential_", "geometric_"):  # in-place samplers (no meta kernel with generator=)
+            e = torch.empty_like(a)
+            (e.exponential_(generator=g) if args[0] == "exponential_" else e.geometric_(0.3, generator=g))
+            env[out] = e.clamp(max=3.0) * a
         else:
             env[out] = torch.rand(a.shape, generator=g) * a
     elif k == "reseed":  # the default generator reseeded (or forked) between ops
@@ -284,6 +292,8 @@ def _exec(ins: Instr, env: Dict[str, torch.Tensor]) -> None:
     elif k == "nested":  # a block inside the program's (a library's own dtr.budget), around a few ops
         with (_NESTED[0](args[1]) if _NESTED else contextlib.nullcontext()):
             env[out] = block(t(args[0])) * t(args[0])
+    elif k == "layout":  # see program_functions: lazy bits, a grown storage, quantized, forward-mode AD
+        env[out] = _LAYOUTS[args[0]](t(args[1]))
     elif k == "del":
         del env[args[0]]
     else:
@@ -298,9 +308,9 @@ def _pick(rng: random.Random, env: Dict[str, torch.Tensor], pred=lambda x: True)
 _KINDS = ["unary", "binary", "mm", "view", "inplace", "dropout", "randn_like", "cat", "sum", "ones", "del", "max",
           "index_put", "out", "no_grad", "expand", "masked_select", "where", "cond", "numpy", "batch_norm", "sort",
           "meta_inplace", "scatter", "cumsum", "autocast", "function", "checkpoint", "randn", "sample", "reseed",
-          "serialize", "sparse", "subclass", "sums", "decode", "nested"]
+          "serialize", "sparse", "subclass", "sums", "decode", "nested", "layout"]
 _WEIGHTS = [14, 12, 10, 14, 14, 5, 3, 4, 3, 2, 8, 3, 3, 3, 2, 2, 2, 2, 2, 1, 2, 2, 3, 2, 2, 2, 2, 2, 2, 4, 2, 2, 2, 2,
-            3, 2, 2]
+            3, 2, 2, 6]
 
 
 def _propose(rng: random.Random, env: Dict[str, torch.Tensor], fresh: Callable[[], str],
@@ -375,8 +385,12 @@ def _propose(rng: random.Random, env: Dict[str, torch.Tensor], fresh: Callable[[
     if kind == "sample":
         if env[a].dim() != 2 or not env[a].is_floating_point():
             return None
-        return Instr(kind, fresh(), (rng.choice(["bernoulli", "normal_", "multinomial", "randperm", "rand"]), a,
-                                     rng.random() < 0.7))
+        return Instr(kind, fresh(), (rng.choice(["bernoulli", "normal_", "multinomial", "randperm", "rand",
+                                                 "exponential_", "geometric_"]), a, rng.random() < 0.7))
+    if kind == "layout":
+        if env[a].dtype != torch.float32 or env[a].dim() != 2:
+            return None
+        return Instr(kind, fresh(), (rng.choice(sorted(_LAYOUTS)), a))
     if kind == "reseed":
         return Instr(kind, fresh(), (rng.choice(["manual_seed", "fork_rng"]), rng.randrange(1000), a))
     if kind == "serialize":
@@ -390,7 +404,9 @@ def _propose(rng: random.Random, env: Dict[str, torch.Tensor], fresh: Callable[[
         return Instr(kind, fresh(), (a, b))
     if kind == "collective":
         return Instr(kind, fresh(), (rng.choice(["async", "functional"]), a))
-    if kind in ("masked_select", "cond", "numpy", "sort"):
+    if kind == "numpy":
+        return Instr(kind, fresh(), (a, rng.random() < 0.5))
+    if kind in ("masked_select", "cond", "sort"):
         return Instr(kind, fresh(), (a,))
     if kind == "subclass":
         return Instr(kind, fresh(), (a, rng.choice([0.0, 1.0])))

@@ -1,0 +1,90 @@
+"""Autograd's modes under a budget: the grad mode a recomputation runs under, and forward-mode AD's zero tensors.
+
+Both were found by hand (a helper's hunt, 2026-11-29): an nn.LSTM's weight gradients differed from plain
+PyTorch's in the last bits (Note [What a recomputation restores] in dtr/runtime/recompute.py), and forward-mode
+AD raised at its first eviction (Note [Other layouts] in dtr/runtime/reference.py).
+"""
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import torch.autograd.forward_ad as fwAD  # noqa: E402
+from torch import nn  # noqa: E402
+
+import dtr  # noqa: E402
+
+
+def _lstm_step():
+    torch.manual_seed(0)
+    m = nn.LSTM(64, 64, batch_first=True)
+    x = torch.randn(64, 40, 64, requires_grad=True)
+    h = m(m(x)[0])[0]  # the same LSTM twice: the first call's output is the second's input
+    loss = h.pow(2).mean()
+    loss.backward()
+    return [loss.detach(), x.grad] + [p.grad for p in m.parameters()]
+
+
+def _peak(fn) -> int:
+    with dtr.budget(None, cost_model="flops") as b:
+        fn()
+    return b.stats["peak_bytes"]
+
+
+def test_a_recomputation_runs_under_the_grad_mode_its_op_ran_under():
+    """CPU LSTMs (aten::mkldnn_rnn_layer) compute other bits with grad mode off, as backward runs: exact only if
+    the forward ops recomputed in backward run with grad mode on again. It differed before the fix."""
+    want = _lstm_step()
+    with dtr.budget(int(_peak(_lstm_step) * 0.85), cost_model="flops") as b:
+        got = _lstm_step()
+    assert b.stats["evictions"] > 0 and b.stats["remats"] > 0
+    for g, w in zip(got, want):
+        assert torch.equal(g, w)
+
+
+def test_a_recomputation_in_forward_under_no_grad_keeps_grad_mode_off():
+    """The other direction: an op that ran under no_grad, recomputed while grad mode is on, runs with it off."""
+    torch.manual_seed(1)
+    w = torch.randn(256, 256) / 16
+    x = torch.randn(256, 256)
+
+    def run():
+        with torch.no_grad():
+            hs = [torch.tanh(x @ w)]
+            for _ in range(5):
+                hs.append(torch.tanh(hs[-1] @ w))
+        with torch.enable_grad():
+            return [h.sum() for h in hs]  # each read may recompute what no_grad computed
+
+    want = run()
+    with dtr.budget(int(_peak(run) * 0.6), cost_model="flops") as b:
+        got = run()
+        modes = {(r.func.name(), r.grad) for r in b._driver.recomputer.recipes.values()}
+    assert b.stats["remats"] > 0
+    assert {m for m in modes if m[0] != "aten::sum"} == {("aten::mm", False), ("aten::tanh", False)}
+    assert ("aten::sum", True) in modes
+    for g, v in zip(got, want):
+        assert torch.equal(g, v)
+
+
+def _dual_chain(x, tx):
+    with fwAD.dual_level():
+        h = fwAD.make_dual(x, tx)
+        for _ in range(8):
+            h = torch.sin(h) * 1.5  # a tangent the AD knows is zero is a zero tensor (torch._efficientzerotensor)
+        p, t = fwAD.unpack_dual(h.sum(0))
+        return p.clone(), t.clone()
+
+
+def test_forward_mode_ad_is_exact_under_eviction():
+    """Forward-mode AD makes zero tensors (a storage without memory): dtr leaves them alone, evicts the rest.
+    Before the fix, the first eviction raised "Attempted to call resize_() on an invalid python storage"."""
+    torch.manual_seed(2)
+    x, tx = torch.randn(1024, 64), torch.randn(1024, 64)
+    want = _dual_chain(x, tx)
+    with dtr.budget(int(_peak(lambda: _dual_chain(x, tx)) * 0.8), cost_model="flops") as b:
+        got = _dual_chain(x, tx)
+    assert b.stats["evictions"] > 0 and b.stats["remats"] > 0
+    for g, w in zip(got, want):
+        assert torch.equal(g, w)

@@ -1,0 +1,148 @@
+"""Values a recomputation must rebuild as the op first saw them: lazy bits, grown storages, tensors dtr leaves
+alone (zero and quantized), and in-place writes whose sizes the meta device cannot predict.
+
+Each case is a chain whose activations the block evicts and recomputes, compared bit for bit with plain PyTorch;
+each gave wrong values or raised before its fix (found by a helper's hunt, 2026-11-29). The random programs
+produce all of them too (test_runtime_fuzz.py, "layout" and "sample" instructions).
+"""
+from __future__ import annotations
+
+import warnings
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import dtr  # noqa: E402
+
+_storage = torch._C.TensorBase.untyped_storage
+
+
+def _chain(step, fraction=0.6):
+    """``step()`` plainly, then under a budget at ``fraction`` of its peak: (plain, budgeted, stats)."""
+    want = step()
+    with dtr.budget(None, cost_model="flops") as b:
+        step()
+    with dtr.budget(int(b.stats["peak_bytes"] * fraction), cost_model="flops") as b:
+        got = step()
+    assert b.stats["evictions"] > 0 and b.stats["remats"] > 0
+    return want, got
+
+
+def _w():
+    return torch.randn(256, 256, generator=torch.Generator().manual_seed(7)) * 0.05
+
+
+@pytest.mark.parametrize("view", ["conj", "neg"])
+def test_lazy_conjugate_and_negative_views_are_recomputed_with_their_bits(view):
+    """Note [Lazy bits] in dtr/runtime/recompute.py: an input read through z.conj() (or z.conj().imag, the
+    negative bit) is rebuilt from its storage with the bit set again."""
+    w = _w()
+    wc = torch.complex(w, w.t())
+
+    def step():
+        torch.manual_seed(0)
+        hs = [torch.randn(64, 256)]
+        for _ in range(10):
+            z = torch.complex(hs[-1], hs[-1] * 0.5)
+            if view == "conj":
+                hs.append(torch.tanh(z.conj() @ wc).real)
+            else:
+                hs.append(torch.tanh(z.conj().imag @ w + hs[-1]))
+        return [h.sum().item() for h in hs]
+
+    want, got = _chain(step)
+    assert got == want
+
+
+@pytest.mark.parametrize("sampler", ["exponential_", "geometric_", "cauchy_", "log_normal_"])
+def test_in_place_samplers_given_a_generator_are_recorded_as_writes(sampler):
+    """Note [Writes without a prediction] in dtr/runtime/reference.py: with generator=, these have no meta
+    kernel; their write was not recorded, and an evicted result came back from the empty tensor it wrote."""
+    w = _w()
+    args = {"geometric_": (0.3,)}.get(sampler, ())
+
+    def step():
+        torch.manual_seed(0)
+        g = torch.Generator().manual_seed(5)
+        h = torch.randn(64, 256)
+        out = []
+        for _ in range(10):
+            noise = getattr(torch.empty(64, 256), sampler)(*args, generator=g)
+            h = torch.tanh(h @ w) * noise.clamp(-3, 3)
+            out.append(h)
+        return [x.sum().item() for x in out]
+
+    want, got = _chain(step, 0.7)
+    assert got == want
+
+
+def test_an_unpredicted_op_that_writes_pins_what_it_writes():
+    """An op without a meta kernel that writes and allocates (a custom op without a fake kernel) writes pinned
+    storages, protected first (Note [Writes without a prediction])."""
+    @torch.library.custom_op("dtr_test::scaled_copy_", mutates_args=("x",))
+    def scaled_copy_(x: torch.Tensor, k: float) -> torch.Tensor:
+        x.mul_(k)
+        return x * 2.0
+
+    w = _w()
+
+    def step():
+        torch.manual_seed(0)
+        hs = [torch.randn(64, 256)]
+        for _ in range(8):
+            h = torch.tanh(hs[-1] @ w)
+            hs.append(scaled_copy_(h, 0.5) + h)
+        return [x.sum().item() for x in hs]
+
+    want, got = _chain(step, 0.9)
+    assert got == want
+
+
+def test_a_tensor_whose_storage_resize_grows_is_a_new_constant():
+    """Note [Tensors the program resizes] in dtr/runtime/reference.py: the recomputation copied 128 KiB into the
+    64 KiB the core still counted, and raised."""
+    w = _w()
+
+    def chain(x, n):
+        hs = [x]
+        for i in range(n):
+            hs.append(torch.tanh(hs[-1] @ w + i))
+        return hs
+
+    def step():
+        torch.manual_seed(0)
+        hs = chain(torch.randn(64, 256), 12)
+        x = torch.tanh(hs[3] * 2)
+        x.resize_(128, 256)
+        x[64:] = hs[4]
+        y = x * 3
+        more = chain(torch.randn(64, 256), 16)
+        return [y.sum().item(), x.sum().item()] + [h.sum().item() for h in hs + more]
+
+    want, got = _chain(step)
+    assert got == want
+
+
+def test_quantized_and_zero_tensors_are_left_alone():
+    """Note [Other layouts]: a quantized tensor's quantizer, and a zero tensor's missing memory, are not in a
+    storage dtr could rebuild; dtr neither tracks nor evicts them, and what is computed from them is exact."""
+    w = _w()
+    z = torch._efficientzerotensor((64, 256))
+
+    def step():
+        torch.manual_seed(0)
+        hs = [torch.randn(64, 256)]
+        for i in range(12):
+            with warnings.catch_warnings():  # (quantized tensors are deprecated in torch 2.13)
+                warnings.simplefilter("ignore", UserWarning)
+                q = torch.quantize_per_tensor(hs[-1], 0.05, 3, torch.qint8)
+            hs.append(torch.tanh(q.dequantize() @ w + z + i))
+        return [h.sum().item() for h in hs]
+
+    want, got = _chain(step)
+    assert got == want
+    with dtr.budget(None) as b:
+        y = torch.ones(64, 64) + torch._efficientzerotensor((64, 64))
+        assert _storage(y)._cdata in b._driver.table.version
+    assert torch.equal(y, torch.ones(64, 64))
