@@ -6,7 +6,7 @@ import json
 import os
 import threading
 import warnings
-from typing import Any, Dict, List, Optional, Union
+from typing import Any, Callable, Dict, List, Optional, Union
 
 import torch
 from torch.utils._python_dispatch import _disable_current_modes, _get_current_dispatch_mode_stack
@@ -18,6 +18,7 @@ from dtr.runtime import entry as entries
 from dtr.runtime.costs import get_cost_model
 from dtr.runtime.driver import Driver
 from dtr.runtime.escapes import patch_escapes
+from dtr.runtime.failed_blocks import clear_own_frames, remember_left, settle_left
 from dtr.runtime.native import key_active as _key_active
 from dtr.runtime.native import use_entry, use_native
 from dtr.runtime.recorder import LogRecorder
@@ -53,74 +54,6 @@ __all__ = ["budget", "Budget", "active_budget", "check_device"]
 # (torch.compiler.set_stance): every torch.compile directive is ignored, with
 # no error, and the stance the program had comes back at the block's end.
 # Compiled code cached before the block is kept and used again after it.
-
-
-# Note [Nothing of a failed block stays alive]
-# A block left by an exception (OutOfBudgetError, ThrashingError or the
-# program's own) must not keep anything of the failed step alive beyond what
-# the program itself holds: a training loop that catches a budget error and
-# retries with a smaller batch would otherwise grow without bound (100 caught
-# errors grew RSS from 330 MiB to 2.1 GiB, and the leftovers, counted as
-# constants, made later blocks fail). Two things held it: reference cycles
-# between an exception and the frame that kept it (finish() kept the first
-# failure while it brought everything back), which only a full garbage
-# collection breaks (and the block had frozen the collector's older objects),
-# and the exception's traceback, which holds dtr's own frames and their
-# locals (the driver, its core and recipes, the op's arguments) for as long as
-# the program keeps the exception. So no dtr code keeps an exception in a
-# local that outlives its handler, and when a block ends by an exception the
-# locals of dtr's own finished frames in its traceback (and in those of its
-# context and cause) are cleared, with torch's wrappers around
-# __torch_dispatch__ (they hold the entry and its driver): the program's frames are left as
-# they are.
-#
-# Note [A failed block leaves nothing to the next]
-# A block's outcome depends only on its program and its budget, never on the
-# blocks before it. A failed one leaves two things behind. The storages the
-# program still holds are remembered for the next block as any block's are
-# (Note [Constants from earlier blocks] in driver.py); a failed block once
-# remembered none, so the next one counted the program's parameters only from
-# their first use, and made other decisions than after a block that ended
-# normally. And the failed step's own tensors are still alive when its
-# exception has been caught and dropped, until the cyclic garbage collector
-# runs (frames, autograd graphs and checkpointing regions hold each other):
-# the next block would count them as constants. So the first block after a
-# failed one, if any storage the failed block left is still alive, collects
-# the garbage (gc.collect(), once: a tenth of a second in a large process,
-# paid only then) before it counts what earlier blocks left.
-_OWN_CODE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the dtr package
-_TORCH_CODE = os.path.dirname(os.path.abspath(torch.__file__))
-_AFTER_FAILURE: Dict[str, Any] = {}  # "left": what the last failed block left (see the Note above)
-
-
-def _clear_own_frames(exc: BaseException) -> None:
-    """Clear the locals of dtr's finished frames in ``exc``'s tracebacks (and its context's and cause's).
-
-    dtr's frames are those of its own code, and the frames of torch's code
-    right before one of them: the wrappers around ``__torch_dispatch__``
-    (they hold the entry among their arguments).
-    """
-    seen: set = set()
-    stack: List[Optional[BaseException]] = [exc]
-    while stack:
-        e = stack.pop()
-        if e is None or id(e) in seen:
-            continue
-        seen.add(id(e))
-        frames, tb = [], e.__traceback__
-        while tb is not None:
-            frames.append(tb.tb_frame)
-            tb = tb.tb_next
-        clear = [f.f_code.co_filename.startswith(_OWN_CODE) for f in frames]
-        for i in range(len(frames) - 2, -1, -1):  # torch's frames that lead into one of dtr's
-            clear[i] = clear[i] or (clear[i + 1] and frames[i].f_code.co_filename.startswith(_TORCH_CODE))
-        for frame, c in zip(frames, clear):
-            if c:
-                try:
-                    frame.clear()
-                except RuntimeError:  # still running (the frame that handles it)
-                    pass
-        stack += [e.__context__, e.__cause__]
 
 
 # Note [Nested blocks]
@@ -236,11 +169,14 @@ class Budget:
         self._driver: Optional[Driver] = None
         self._final: Optional[dict] = None
         self._froze = False
+        self._restore_escapes: Optional[Callable[[], None]] = None  # (set while a top-level block runs)
+        self._stance: Optional[Any] = None
         self._outer: Optional["Budget"] = None  # the block this one is nested in (Note [Nested blocks])
         self._base: Dict[str, float] = {}       # the counters when a nested block began
         self._saved: tuple = ()                 # the outer block's budget, thrash limit and peak
         # A budget with a plan is entered once per step (Note [Planned steps] in step_plans.py).
         self._plans = None if policy is None or self.budget_bytes is None else StepPlans(policy, self.budget_bytes)
+        self._busy = threading.Lock()  # held while a block of this budget runs (Note [One block at a time])
 
     @property
     def stats(self) -> dict:
@@ -311,21 +247,54 @@ class Budget:
         if self._core is not None and self._driver is not None:
             self._driver._check()
 
+    # Note [One block at a time]
+    # A budget object's block state (its core, driver, saved stance) is its
+    # own, so one block of it runs at a time: entering it again while a block
+    # of it runs (recursively, or from another thread) is refused, under a
+    # lock, before anything changes. Before, two threads entering one plan=
+    # budget overwrote each other's state, and every later block of either
+    # thread failed. An enter that fails part way (a log file that cannot be
+    # opened) undoes what it set, and the end of a block runs each of its
+    # clean-up steps even when an earlier one is interrupted (a
+    # KeyboardInterrupt), so a budget is never left unusable.
     def __enter__(self) -> "Budget":
+        if not self._busy.acquire(blocking=False):
+            raise RuntimeError("this dtr.budget is in use: a block of it is running, in this thread or another. "
+                               "A budget runs one block at a time: give each thread, and each nested block, a "
+                               "dtr.budget of its own")
+        final = self._final
+        try:
+            return self._enter()
+        except BaseException:
+            self._final = final  # (the last block's stats stay)
+            if self._driver is not None and self._core is not None and self._outer is None:
+                self._undo_enter()
+            self._core = self._driver = None
+            self._busy.release()
+            raise
+
+    def _undo_enter(self) -> None:
+        """Undo what a top-level enter that failed part way set up (Note [One block at a time])."""
+        assert self._driver is not None
+        if self._restore_escapes is not None:
+            self._restore_escapes()
+        if self._stance is not None:
+            self._stance.__exit__(None, None, None)
+        if self._driver.recorder is not None:
+            self._driver.recorder.close()
+
+    def _enter(self) -> "Budget":
         if self._core is not None or (self._plans is None and self._final is not None):
             raise RuntimeError("a dtr.budget cannot be entered twice; create a new one (or give it plan=, "
                                "for one budget entered once per training step)")
-        self._final, self._driver = None, None
+        self._final, self._driver, self._restore_escapes, self._stance, self._outer = None, None, None, None, None
         active = _active_blocks()
         if active:
             return self._enter_nested(active[-1])
         if any(isinstance(m, entries.ModeEntry) for m in _get_current_dispatch_mode_stack()) or _key_active():
             # (a block of this thread's is always on its stack: this is a mode or key dtr did not enter)
             raise NestingError("a dtr runtime is already active in this thread outside any dtr.budget block")
-        left = _AFTER_FAILURE.pop("left", ())  # see Note [A failed block leaves nothing to the next]
-        if any(b.get() is not None for b in left):
-            gc.collect()
-        del left
+        settle_left()  # see Note [A failed block leaves nothing to the next] in failed_blocks.py
         self._core = Core(self.heuristic, self.budget_bytes, semantics=self.semantics, seed=self._seed,
                           sample=self._sample, thrash_limit=self.thrash_limit)
         recorder = None
@@ -341,12 +310,7 @@ class Budget:
         self._restore_escapes = patch_escapes(self._driver.escape, self._driver.resize)
         # See Note [Compiled code in a block]; set_stance sets it now, and its __exit__ restores the old one.
         self._stance = torch.compiler.set_stance("force_eager")
-        try:
-            self.entered = entries.enter(self._driver, self.native, self.entry).kind
-        except BaseException:
-            self._stance.__exit__(None, None, None)
-            self._restore_escapes()
-            raise
+        self.entered = entries.enter(self._driver, self.native, self.entry).kind
         # See Note [Garbage collection during a block].
         self._froze = gc.isenabled() and gc.get_freeze_count() == 0
         if self._froze:
@@ -406,14 +370,21 @@ class Budget:
                                "innermost active block of this thread)")
         active.pop()
         if self._outer is not None:
-            self._exit_nested()
+            try:
+                self._exit_nested()
+            finally:
+                self._busy.release()
             return None
+        restore, stance = self._restore_escapes, self._stance
+        assert restore is not None and stance is not None, "a top-level block restores what it set"
         failed = exc is not None
         if exc is not None:
-            _clear_own_frames(exc)  # see Note [Nothing of a failed block stays alive]
+            clear_own_frames(exc)  # see Note [Nothing of a failed block stays alive] in failed_blocks.py
         try:
-            self._restore_escapes()
-            driver.entry.exit(exc_type, exc, tb)
+            try:
+                restore()
+            finally:
+                driver.entry.exit(exc_type, exc, tb)
             with _disable_current_modes():  # every tensor the program still holds is resident again
                 if exc_type is None:
                     try:
@@ -430,26 +401,31 @@ class Budget:
                         warnings.warn(f"dtr: after {exc_type.__name__} in the block, bringing back the tensors "
                                       f"the program holds failed too ({type(e).__name__}: {e}); those dtr had "
                                       f"evicted have no bytes and must not be used", BudgetWarning, stacklevel=2)
-        finally:
-            self._stance.__exit__(None, None, None)
-            if self._froze:
-                gc.unfreeze()
-            added = driver.carry_out()  # see Note [Constants from earlier blocks] in driver.py (failed blocks too)
-            if failed:  # what it left may be garbage the next block must not count
-                _AFTER_FAILURE["left"] = added
-            self._final = self._read_stats()
-            if driver.recorder is not None:
-                driver.recorder.close()
-            if self._plans is not None:
-                log = None if self.log_path is None else os.fspath(self.log_path)
-                self._final.update(self._plans.end(core, self._final, failed, log))
-            core.set_hooks()
-            driver.detach_native()
-            driver.entry = None
-            # Drop dtr's references: recipes, buffers, the core.
-            driver.recomputer.recipes.clear()
-            driver.table.clear()
-            self._core = None
+        finally:  # (each step runs even if one before it is interrupted: Note [One block at a time])
+            try:
+                stance.__exit__(None, None, None)
+                if self._froze:
+                    gc.unfreeze()
+                added = driver.carry_out()  # see Note [Constants from earlier blocks] in driver.py (failed too)
+                if failed:  # what it left may be garbage the next block must not count
+                    remember_left(added)
+                self._final = self._read_stats()
+                if driver.recorder is not None:
+                    driver.recorder.close()
+                if self._plans is not None:
+                    log = None if self.log_path is None else os.fspath(self.log_path)
+                    self._final.update(self._plans.end(core, self._final, failed, log))
+            finally:
+                try:
+                    core.set_hooks()
+                    driver.detach_native()
+                finally:
+                    driver.entry = None
+                    # Drop dtr's references: recipes, buffers, the core.
+                    driver.recomputer.recipes.clear()
+                    driver.table.clear()
+                    self._core = None
+                    self._busy.release()
         return None
 
 

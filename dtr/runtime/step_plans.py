@@ -29,6 +29,8 @@ _SECONDS = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}  # a measured cost uni
 #: The recent steps whose recomputations estimate the runtime's own cost of one (Note [The runtime's cost of
 #: a recomputation]).
 OVERHEAD_STEPS = 8
+#: Signatures whose successor is remembered (Note [Planned steps]); past it the memory starts again.
+_MAX_FOLLOWS = 4096
 
 #: How planning runs: in a process of its own (the default), a thread, or at the block's end.
 BACKGROUNDS = ("process", "thread", "inline")
@@ -45,15 +47,19 @@ BACKGROUNDS = ("process", "thread", "inline")
 #   (Note [Planning off the critical path]); the plan is kept only if the
 #   core, replaying the recorded step while following it, finishes within the
 #   budget and recomputes less than online DTR does there;
-# - each later step follows the plan of the previous step's signature (steps
-#   repeat), or else the newest plan, unless the previous step's signature
-#   was planned and found no better than online (then it runs online). The
-#   core matches op by op; at the first
+# - each later step is expected to have the signature that followed the
+#   previous step's signature the last time it was seen, or else the
+#   previous step's own (steps repeat; a loop that alternates between two
+#   shapes, A B A B, expects A after B); it follows the plan of that
+#   signature, or else the newest plan, unless that signature was planned
+#   and found no better than online (then it runs online). (Expecting the
+#   previous step's own signature, the A B loop recorded A again and again
+#   and never planned B.) The core matches op by op; at the first
 #   op that differs (a new sequence length, the last short batch, a dynamic
 #   model) the rest of the step runs online. Nothing else changes: values
 #   are exact, the budget binds, a plan only chooses evictions;
-# - a signature seen ``repeat`` times with no plan (it keeps coming back) is
-#   recorded once more and planned; so is the second step's, if it differs
+# - a step expected to have a signature seen ``repeat`` times with no plan
+#   (it keeps coming back) is recorded and planned; so is the second step's, if it differs
 #   from the first's: a loop's first step is often its own (an optimizer
 #   creates its state; the parameters and gradients the first step leaves
 #   are constants of every later one from their first op on: Note
@@ -94,7 +100,8 @@ def plan_policy(plan: Union[None, bool, str, float, PlanPolicy]) -> Optional[Pla
     """The policy ``plan=`` asks for: None/False none, True the default, a planner's name, a time limit.
 
     Raises:
-        ValueError: an unknown planner or background, or a time limit that is not a positive number.
+        ValueError: an unknown planner or background; a time limit or drift that is not a positive number, or
+            max_plans or repeat that is not a whole number of at least 1 (the message names the field).
         TypeError: a value of another type.
     """
     if plan is None or plan is False:
@@ -115,10 +122,15 @@ def plan_policy(plan: Union[None, bool, str, float, PlanPolicy]) -> Optional[Pla
         raise ValueError(f"unknown planner {policy.planner!r}; the planners are: {AUTO}, {', '.join(from_registry)}")
     if policy.background not in BACKGROUNDS:
         raise ValueError(f"unknown background {policy.background!r}; valid: {', '.join(BACKGROUNDS)}")
-    if not (math.isfinite(policy.time_limit) and policy.time_limit > 0):
-        raise ValueError(f"a plan's time limit must be a positive number of seconds, not {policy.time_limit!r}")
-    if policy.max_plans < 1 or policy.repeat < 1:
-        raise ValueError("max_plans and repeat must be at least 1")
+    for name in ("time_limit", "drift"):
+        v = getattr(policy, name)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+            unit = " of seconds" if name == "time_limit" else ""
+            raise ValueError(f"PlanPolicy.{name} must be a positive number{unit}, not {v!r}")
+    for name in ("max_plans", "repeat"):
+        v = getattr(policy, name)
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"PlanPolicy.{name} must be a whole number of at least 1, not {v!r}")
     return policy
 
 
@@ -191,7 +203,9 @@ class _Job:
             self.proc = subprocess.Popen([sys.executable, "-m", "dtr.sim.plan_worker", *args, self.out],
                                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=workdir)
         elif policy.background == "thread":
-            self.thread = threading.Thread(target=self._plan_here, args=(budget, policy), daemon=True)
+            # Not a daemon: a daemon thread still inside the planner's C++ when the interpreter shuts down is
+            # killed as it takes the GIL back (std::terminate: SIGABRT at exit); planning ends by its time limit.
+            self.thread = threading.Thread(target=self._plan_here, args=(budget, policy), daemon=False)
             self.thread.start()
         else:
             self._plan_here(budget, policy)
@@ -243,6 +257,7 @@ class StepPlans:
         self.steps: List[Dict[str, Any]] = []
         self.errors: List[str] = []      # planning failures (the steps ran online)
         self._last: Optional[str] = None
+        self._follows: Dict[str, str] = {}  # signature -> the one that came after it last time
         self._job: Optional[_Job] = None
         self._dir = tempfile.mkdtemp(prefix="dtr-plans-")
         self._procs: List[subprocess.Popen] = []  # (for the finalizer: it must not hold self)
@@ -274,27 +289,41 @@ class StepPlans:
             A path to record the step's log to, or None.
         """
         self._collect(wait=0.0)
-        plan = self.plans.get(self._last) if self._last is not None else None
-        if plan is None and self.plans and self._last not in self.tried:  # (a step like one found no better
-            plan = next(reversed(self.plans.values()))                     # than online runs online)
+        nxt = self._expected()
+        plan = self.plans.get(nxt) if nxt is not None else None
+        if plan is None and self.plans and nxt not in self.tried:  # (a step like one found no better
+            plan = next(reversed(self.plans.values()))             # than online runs online)
         self._current = plan
         if plan is not None:
             self.plans.move_to_end(plan.signature)
             core.set_plan(plan.follow_plan())
         core.record_fingerprints(True)
         self._recording = None
-        if self._job is None and self._wants_record():
-            self._recording = os.path.join(self._dir, f"step{len(self.steps)}.jsonl")
+        if self._job is None and self._wants_record(nxt):
+            self._recording = os.path.join(self._workdir(), f"step{len(self.steps)}.jsonl")
         return self._recording
 
-    def _wants_record(self) -> bool:
+    def _expected(self) -> Optional[str]:
+        """The signature the next step is expected to have: the one that followed the last step's signature
+        the last time it was seen, else the last step's own (Note [Planned steps]: a loop that alternates
+        between shapes gets a plan for each)."""
+        return None if self._last is None else self._follows.get(self._last, self._last)
+
+    def _wants_record(self, nxt: Optional[str]) -> bool:
         if not self.steps:
             return True
-        last = self._last
-        if last is None or last in self.plans or last in self.tried:
+        if nxt is None or nxt in self.plans or nxt in self.tried:
             return False
         # (the second step differs from the first more often than not: Note [Planned steps])
-        return self.seen[last] >= self.policy.repeat or len(self.steps) == 2
+        return self.seen[nxt] >= self.policy.repeat or len(self.steps) == 2
+
+    def _workdir(self) -> str:
+        """The work directory for recorded steps and plans, made again after :meth:`close`."""
+        if not os.path.isdir(self._dir):
+            self._dir = tempfile.mkdtemp(prefix="dtr-plans-")
+            self._procs = []
+            self._finalize = weakref.finalize(self, _clean_up, self._dir, self._procs)
+        return self._dir
 
     def end(self, core: Core, stats: Dict[str, Any], failed: bool, log: Optional[str] = None) -> Dict[str, Any]:
         """Close a step: its signature, what it followed, and planning what it recorded.
@@ -323,7 +352,9 @@ class StepPlans:
         overhead = self.remat_overhead_seconds
         self._observe_overhead(stats)
         fields = {"plan": mode, "plan_signature": sig, "planner": plan.planner if plan else None,
-                  "plan_ops": followed if plan else 0, "plan_diverged_at": diverged if plan and diverged >= 0 else None,
+                  "plan_ops": followed if plan else 0,
+                  # (a step that ended, or failed, before the plan's end diverged where it stopped)
+                  "plan_diverged_at": diverged if plan and diverged >= 0 else followed if mode == "diverged" else None,
                   "planned_evictions": counters["planned_evictions"],
                   "predicted_remat": plan.predicted_remat if plan else None,
                   "predicted_remat_seconds": plan.predicted_remat * _SECONDS[plan.cost_unit]
@@ -331,6 +362,10 @@ class StepPlans:
                   "remat_overhead_seconds": overhead,
                   **_at_step_speed(plan if mode == "planned" else None, stats, overhead)}
         self.seen[sig] += 1
+        if self._last is not None:
+            if len(self._follows) >= _MAX_FOLLOWS and self._last not in self._follows:
+                self._follows.clear()  # (a loop whose every step differs: bounded)
+            self._follows[self._last] = sig
         self._last = sig
         if mode == "planned" and plan is not None:
             self._check_drift(plan, stats, fields["expected_remat_seconds"])
@@ -344,7 +379,7 @@ class StepPlans:
                 self.tried.add(sig)
                 unit = _SECONDS.get(stats.get("cost_unit", ""))
                 charge = self.remat_overhead_seconds / unit if unit else 0.0
-                self._job = _Job(self.policy, self._recording, self.budget_bytes, self._dir, charge)
+                self._job = _Job(self.policy, self._recording, self.budget_bytes, self._workdir(), charge)
                 if self._job.proc is not None:
                     self._procs[:] = [self._job.proc]
                 if self.policy.background == "inline":

@@ -6,12 +6,16 @@ import gc
 import os
 import random
 import statistics
+import subprocess
+import sys
+import textwrap
 
 import pytest
 import torch
 import torch.nn.functional as F
 from support.hf import hf_train
 from support.models import TinyGPT, TreeLSTM, cnn, mlp, random_tree
+from support.paths import child_env
 from support.training import assert_same_state, budget_at, constant_bytes, grads_of, peak_of
 
 import dtr
@@ -106,6 +110,21 @@ def test_a_step_that_differs_goes_on_online_and_stays_exact():
     assert s["peak_bytes"] <= b
 
 
+def test_a_step_that_ends_before_its_plan_says_where():
+    """A step that stops short of the plan (a forward without backward) diverged where it stopped."""
+    m, x, step = _case("mlp")
+    b = budget_at(constant_bytes(m, x), peak_of(step), 0.5)
+    m, x, step = _case("mlp")
+    mem = dtr.budget(b, plan=INLINE, cost_model="flops")
+    for _ in range(3):
+        with mem:
+            step()
+    with mem, torch.no_grad():
+        m(x)
+    s = mem.stats
+    assert s["plan"] == "diverged" and s["plan_diverged_at"] is not None and s["plan_diverged_at"] <= s["plan_ops"]
+
+
 def test_a_planned_step_replays_to_its_own_evictions_and_recomputations(tmp_path):
     m, x, step = _case("mlp")
     b = budget_at(constant_bytes(m, x), peak_of(step), 0.5)
@@ -146,6 +165,56 @@ def test_steps_that_always_differ_are_recorded_once():
     assert all(m in ("online", "diverged") for m in modes[3:]), modes
 
 
+def test_a_loop_that_alternates_between_two_shapes_gets_a_plan_for_each():
+    """Note [Planned steps]: the step after B is expected to be A's (it was last time). Before, the A B loop
+    recorded every A step and never planned B (found by a helper's hunt, 2026-11-29)."""
+    m, x, step = _case("mlp")
+    b = budget_at(constant_bytes(m, x), peak_of(step), 0.5)
+    m, x, step = _case("mlp")
+    y = torch.randint(0, 10, (256,))
+    mem = dtr.budget(b, plan=INLINE, cost_model="flops")
+    sigs = []
+    for i in range(10):
+        with mem:
+            step(x, y) if i % 2 == 0 else step(x[:200], y[:200])
+        sigs.append(mem.stats["plan_signature"])
+    modes = [s["plan"] for s in mem.step_stats]
+    assert len(set(sigs[2:])) == 2 and set(sigs[2:]) <= set(mem.plans), (modes, mem.plan_errors)
+    assert modes.count("recorded") <= 4 and modes[-4:] == ["planned"] * 4, (modes, mem.plan_errors)
+
+
+def test_the_program_exits_cleanly_while_a_thread_plans(tmp_path):
+    """A planning thread still running when the program ends: before, the interpreter killed it inside the
+    planner's C++ (SIGABRT, "terminate called without an active exception") in 3 of 6 runs of this script."""
+    script = tmp_path / "exit_while_planning.py"
+    script.write_text(textwrap.dedent("""
+        import torch, torch.nn as nn, torch.nn.functional as F, dtr
+        from dtr.runtime.step_plans import PlanPolicy
+        torch.manual_seed(0)
+        m = nn.Sequential(*[nn.Sequential(nn.Linear(128, 128), nn.ReLU(), nn.Dropout(0.1)) for _ in range(6)],
+                          nn.Linear(128, 10))
+        x, y = torch.randn(256, 128), torch.randint(0, 10, (256,))
+
+        def step():
+            torch.manual_seed(1)
+            m.zero_grad(set_to_none=True)
+            F.cross_entropy(m(x), y).backward()
+
+        with dtr.budget(None, cost_model="flops") as b:
+            step()
+        const = sum(t.untyped_storage().nbytes() for t in [*m.parameters(), x, y])
+        mem = dtr.budget(int(const + 0.4 * (b.stats["peak_bytes"] - const)), cost_model="flops",
+                         plan=PlanPolicy(background="thread"))
+        with mem:
+            step()
+        print("done", flush=True)  # (the planning thread is still running)
+    """))
+    for _ in range(3):
+        r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300,
+                           env=child_env())
+        assert r.returncode == 0 and "done" in r.stdout, (r.returncode, r.stderr[-2000:])
+
+
 def test_planning_in_a_process_of_its_own():
     m, x, step = _case("mlp")
     b = budget_at(constant_bytes(m, x), peak_of(step), 0.5)
@@ -166,8 +235,12 @@ def test_plan_arguments_are_checked():
         dtr.budget(None, plan=True)
     with pytest.raises(TypeError, match="planner"):
         dtr.budget("1MB", plan=[1])
-    with pytest.raises(ValueError, match="time limit"):
+    with pytest.raises(ValueError, match="time_limit must be a positive number of seconds"):
         dtr.budget("1MB", plan=-1.0)
+    for field, bad in [("drift", -1.0), ("drift", float("nan")), ("max_plans", 1.5), ("repeat", 0),
+                       ("time_limit", True), ("time_limit", "5")]:
+        with pytest.raises(ValueError, match=f"PlanPolicy.{field} must be"):
+            dtr.budget("1MB", plan=PlanPolicy(**{field: bad}))
     once = dtr.budget("1GB")
     with once:
         pass
