@@ -85,10 +85,12 @@ class PredictionCache:
         pred = self._entries.get(sig)
         if pred is not None:
             return pred
-        if any(isinstance(x, torch.Tensor) and x.is_quantized or isinstance(x, torch.dtype) and x in _QUANTIZED
+        if any(isinstance(x, torch.Tensor) and opaque(x) or isinstance(x, torch.dtype) and x in _QUANTIZED
                for x in leaves):
-            # The meta device has no quantized tensors (quantize_per_tensor's meta output is a float
-            # tensor): sizes known only after running, where the actual outputs say what is tracked.
+            # An argument of another layout has no meta twin here (a sparse tensor's strides read (0, 0)),
+            # and the meta device has no quantized tensors (quantize_per_tensor's meta output is a float
+            # tensor): sizes known only after running, where the actual outputs say what is tracked (Note
+            # [Other layouts] in reference.py).
             return self._put(sig, Prediction(None, None, []))
         try:
             meta = [torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device="meta")

@@ -53,11 +53,12 @@ def _layouts(leaves: List[Any]) -> Tuple[Any, ...]:
 
 
 def _opaque_layout(x: torch.Tensor) -> Tuple[Any, ...]:
-    """An opaque tensor's part of a signature (Note [Other layouts]): its layout and dtype, and its shape and
-    strides where it has them (a zero or quantized tensor: ops on two shapes of one are two signatures)."""
-    if x.layout == torch.strided and not x.is_nested:
-        return (x.layout, x.dtype, tuple(x.shape), tuple(x.stride()))
-    return (x.layout, x.dtype)
+    """An opaque tensor's part of a signature (Note [Other layouts]): its layout and dtype, and its shape where
+    it has one (ops on two shapes of a sparse, zero or quantized tensor are two signatures)."""
+    try:
+        return (x.layout, x.dtype, tuple(x.shape))
+    except (RuntimeError, ValueError):  # (a nested tensor's ragged shape)
+        return (x.layout, x.dtype)
 
 
 class _Call(NamedTuple):
