@@ -11,7 +11,8 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-__all__ = ["COLLECTIVE_NAMESPACES", "REBINDS", "RESIZES", "SEEDED", "has_hidden_writes", "is_collective", "may_write",
+__all__ = ["COLLECTIVE_NAMESPACES", "REBINDS", "RESIZES", "SEEDED", "grown_storage", "has_device_argument",
+           "has_hidden_writes", "is_collective", "may_write",
            "native_op_info", "overwrites_self", "register_writes", "schema_writes", "written_args"]
 
 _generation = 0  # how many times rules were registered
@@ -140,3 +141,43 @@ def native_op_info(func: Any) -> Tuple[bool, bool, str, Any, bool]:
                and isinstance(schema.arguments[0].type, torch.TensorType))
     takes = func not in REBINDS and not may_write(func) and not is_collective(func)
     return (takes, seeded, schema.name.split("::")[-1], call, inplace)
+
+
+_DEVICE_ARGUMENT: Dict[Any, bool] = {}
+
+
+def has_device_argument(func: Any) -> bool:
+    """Whether the op's schema takes a ``device`` (factories and device copies), cached per overload."""
+    got = _DEVICE_ARGUMENT.get(func)
+    if got is None:
+        got = _DEVICE_ARGUMENT[func] = any(a.name == "device" for a in func._schema.arguments)
+    return got
+
+
+# Note [Tensors the program resizes]
+# Tensor.resize_ (and resize_as_) to more elements than its storage holds
+# grows the storage: the same bytes plus new ones, a size the core's
+# storage no longer has. Taken as an in-place write, the new version kept
+# the old size in the core, and recomputing it copied 128 KiB into a
+# 64 KiB buffer (it raised, and left the block's tensors without bytes).
+# So such a resize ends the storage for dtr first, as a resize of the
+# storage itself does (Note [Storages the program resizes] in driver.py),
+# and runs outside the core: the next op that reads it finds a new
+# constant at its new size. A resize within the storage's bytes changes
+# only the tensor's shape, and is an in-place write as before.
+def grown_storage(func: Any, args: Sequence[Any], kwargs: Dict[str, Any]) -> Optional[Tuple[torch.Tensor, int]]:
+    """For aten::resize_ or resize_as_ (RESIZES): (the tensor, the bytes its storage will have) if the resize
+    grows its storage, else None (Note [Tensors the program resizes])."""
+    names = [a.name for a in func._schema.arguments]
+    bound = dict(zip(names, args), **kwargs)
+    x, shape = bound.get("self"), bound.get("size")
+    if shape is None:
+        template = bound.get("the_template")
+        shape = template.shape if isinstance(template, torch.Tensor) else None
+    if not isinstance(x, torch.Tensor) or shape is None:
+        return None
+    numel = 1
+    for d in shape:
+        numel *= int(d)
+    needed = (int(x.storage_offset()) + numel) * x.element_size() if numel else 0
+    return (x, needed) if needed > x.untyped_storage().nbytes() else None

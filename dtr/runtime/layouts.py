@@ -74,3 +74,27 @@ def view_positions(func: Any, out: Any) -> Tuple[int, ...]:
             got.extend(range(n, n + m))
         n += m
     return tuple(got)
+
+
+def signature_layouts(leaves: List[Any]) -> Tuple[Any, ...]:
+    """Each leaf's part of an op's signature: (shape, stride, dtype) of a strided tensor, else a hashable value."""
+    return tuple([((tuple(x.shape), tuple(x.stride()), x.dtype) if not opaque(x) else opaque_layout(x))
+                  if isinstance(x, torch.Tensor) else hashable(x) for x in leaves])
+
+
+def opaque_layout(x: torch.Tensor) -> Tuple[Any, ...]:
+    """An opaque tensor's part of a signature (Note [Other layouts]): its layout and dtype, and its shape where
+    it has one (ops on two shapes of a sparse, zero or quantized tensor are two signatures)."""
+    try:
+        return (x.layout, x.dtype, tuple(x.shape))
+    except (RuntimeError, ValueError):  # (a nested tensor's ragged shape)
+        return (x.layout, x.dtype)
+
+
+def hashable(x: Any) -> Any:
+    """``x`` itself if it can be hashed, else its repr (an op argument in a signature)."""
+    try:
+        hash(x)
+        return x
+    except TypeError:
+        return repr(x)

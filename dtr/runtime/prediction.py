@@ -107,7 +107,7 @@ class PredictionCache:
                     sizes.append(_storage(o).nbytes())
             pred = Prediction(sizes, owning, [o for o in mout if isinstance(o, torch.Tensor)])
         except Exception:  # data-dependent or without a meta kernel: sizes known only after running
-            # (an in-place op allocates nothing: Note [Writes without a prediction] in reference.py)
+            # (an in-place op allocates nothing: Note [Writes without a prediction] in unpredicted.py)
             pred = Prediction([], [], []) if _in_place(func) else Prediction(None, None, [])
         return self._put(sig, pred)
 

@@ -20,7 +20,7 @@ from dtr.runtime.pytree import tree_flatten, tree_unflatten
 from dtr.runtime.storage_table import Buf, StorageTable, opaque, resize_storage
 
 __all__ = ["CONJ", "NEG", "Recipe", "Recomputer", "RngStates", "Slot", "bits_of", "default_generator", "rng_capture",
-           "rng_state", "set_rng_state", "slot_of"]
+           "old_values", "rng_state", "set_rng_state", "slot_of"]
 
 # Tensor.untyped_storage unwrapped: a block wraps the public method (Note [Escaped memory] in escapes.py).
 _storage = torch._C.TensorBase.untyped_storage
@@ -376,3 +376,21 @@ def set_rng_state(states: RngStates) -> None:
     """Set each generator in ``states`` to its state there."""
     for g, state in states:
         g.set_state(state)
+
+
+# Note [Writes to constants that allocate]
+# A recipe runs an op's write to a constant on a copy of the constant
+# (Recomputer.run), and that copy holds the constant's value when the op is
+# recomputed: after the write. An op whose outputs depend on the value it
+# overwrote (a custom op that scales its argument in place and returns a new
+# tensor computed from it) then recomputed them from the new value. So when
+# an op that writes a constant also allocates, the values the written
+# constants had before it are kept (a copy, made just before the op runs) and
+# its recipe reads those instead. The copies are not counted against the
+# budget: the usual such op is batch norm in training, whose writes are its
+# running statistics (a few floats per channel). A copy lives as long as the
+# recipe.
+def old_values(leaves: List[Any], writes: Sequence[Tuple[int, int]]) -> Dict[int, torch.Tensor]:
+    """Leaf position -> a copy of each written constant's value before the op (Note [Writes to constants that
+    allocate])."""
+    return {pos: leaves[pos].clone() for pos, _ in writes}

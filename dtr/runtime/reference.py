@@ -9,22 +9,30 @@ from __future__ import annotations
 
 import logging
 from itertools import chain
-from typing import TYPE_CHECKING, Any, Dict, Iterable, List, NamedTuple, Optional, Sequence, Set, Tuple
+from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
 import torch
 
 from dtr.core import Core, Hold
 from dtr.runtime import limits
 from dtr.runtime.costs import CostModel
-from dtr.runtime.effects import REBINDS, RESIZES, SEEDED, is_collective, written_args
-from dtr.runtime.layouts import opaque_keys, view_positions
+from dtr.runtime.effects import (
+    REBINDS,
+    RESIZES,
+    SEEDED,
+    grown_storage,
+    is_collective,
+    written_args,
+)
+from dtr.runtime.layouts import opaque_keys, signature_layouts
 from dtr.runtime.liveness import Liveness
 from dtr.runtime.prediction import Prediction, PredictionCache
 from dtr.runtime.pytree import count_leaves, tree_flatten
-from dtr.runtime.recompute import Recipe, Recomputer, RngStates, Slot, bits_of, rng_capture, slot_of
+from dtr.runtime.recompute import Recipe, Recomputer, Slot, bits_of, old_values, rng_capture, slot_of
 from dtr.runtime.recorder import LogRecorder
 from dtr.runtime.storage_table import Buf, StorageTable, opaque, subclass_types, trackable
 from dtr.runtime.timing import ProvisionalCosts, Timer
+from dtr.runtime.unpredicted import AccountedAfter, Call
 
 __all__ = ["ReferencePath", "size_warning"]
 
@@ -46,33 +54,7 @@ _is_grad_enabled = torch.is_grad_enabled
 # weakly (Note [Constants held weakly] in storage_table.py).
 
 
-def _layouts(leaves: List[Any]) -> Tuple[Any, ...]:
-    """Each leaf's part of an op's signature: (shape, stride, dtype) of a strided tensor, else a hashable value."""
-    return tuple([((tuple(x.shape), tuple(x.stride()), x.dtype) if not opaque(x) else _opaque_layout(x))
-                  if isinstance(x, torch.Tensor) else _hashable(x) for x in leaves])
-
-
-def _opaque_layout(x: torch.Tensor) -> Tuple[Any, ...]:
-    """An opaque tensor's part of a signature (Note [Other layouts]): its layout and dtype, and its shape where
-    it has one (ops on two shapes of a sparse, zero or quantized tensor are two signatures)."""
-    try:
-        return (x.layout, x.dtype, tuple(x.shape))
-    except (RuntimeError, ValueError):  # (a nested tensor's ragged shape)
-        return (x.layout, x.dtype)
-
-
-class _Call(NamedTuple):
-    """An op as it reached the mode: what its recipe and log record are made of (see _commit)."""
-
-    func: Any
-    leaves: List[Any]  # the flattened (args, kwargs)
-    spec: Any          # their tree_flatten spec
-    tpos: List[int]    # the positions of the tracked tensors among the leaves
-    ins: List[int]     # their core tensors (current versions), in that order
-    rng: Optional[RngStates] = None  # the generator states a random op drew from (Note [Random ops])
-
-
-class ReferencePath:
+class ReferencePath(AccountedAfter):
     """The reference per-op path of a :class:`~dtr.runtime.driver.Driver` (its state is the driver's)."""
 
     # The driver's state and methods the steps use (dtr/runtime/driver.py defines them).
@@ -130,7 +112,7 @@ class ReferencePath:
         if func in REBINDS:
             return self._rebind(func, args, kwargs)
         if func._schema.name in RESIZES and self._grows_storage(func, args, kwargs):
-            return func(*args, **kwargs)  # see Note [Tensors the program resizes]
+            return func(*args, **kwargs)  # see Note [Tensors the program resizes] in effects.py
         self.ops_seen += 1
         core = self.core
         if self.timer.pending:  # costs measured on the device since the last op
@@ -152,11 +134,11 @@ class ReferencePath:
             t = self.table.version[_storage(leaves[pos])._cdata]
             (const_writes if core.pinned(core.storage_of(t)) else plain_writes).append((pos, t))
 
-        layouts = _layouts(leaves)
+        layouts = signature_layouts(leaves)
         sig = (func, layouts)
         pred = self.predictions.of_op(func, leaves, spec, sig)
         if pred.sizes is None:  # no meta kernel: run it first, account for it after
-            out = self._run_unpredicted(_Call(func, leaves, spec, tpos, ins), args, kwargs,
+            out = self._run_unpredicted(Call(func, leaves, spec, tpos, ins), args, kwargs,
                                         const_writes + plain_writes)
             if collective:
                 self._pin_for_collective(self._versions_of(out))
@@ -192,14 +174,14 @@ class ReferencePath:
         if not self.cost_model.measured and (sizes or plain_writes or const_writes):
             cost = self.cost_model.estimate(func, args, kwargs, pred.metas)
         op = core.begin_call(ins, all_sizes, [-1] * len(all_sizes), inplace_of, cost)
-        olds = _old_values(leaves, const_writes) if const_writes and sizes else None
+        olds = old_values(leaves, const_writes) if const_writes and sizes else None
         try:
             out, flat_out, cost, pending = self._execute(func, args, kwargs, cost, sig)
         except BaseException:
             core.abort_call(op)
             raise
         # An op that writes nothing leaves its inputs' layouts as they were: the recipe reuses the signature's.
-        self._commit(_Call(func, leaves, spec, tpos, ins, rng), op, flat_out, sizes, pred.owning, cost,
+        self._commit(Call(func, leaves, spec, tpos, ins, rng), op, flat_out, sizes, pred.owning, cost,
                      plain_writes, const_writes, None if pending is None else (pending, sig),
                      None if plain_writes or const_writes else layouts, olds)
         if collective:
@@ -247,7 +229,7 @@ class ReferencePath:
     def _native_predict(self, func, args, kwargs) -> Tuple[list, Any, Tuple[Any, ...], Prediction]:
         """For the native path, on first sight of a signature: (leaves, spec, layouts, prediction)."""
         leaves, spec = tree_flatten((args, kwargs))
-        layouts = _layouts(leaves)
+        layouts = signature_layouts(leaves)
         return leaves, spec, layouts, self.predictions.of_op(func, leaves, spec, (func, layouts))
 
     # Note [Rebinding a tensor's storage]
@@ -273,36 +255,13 @@ class ReferencePath:
                 self.core.require(t)
         return func(*args, **kwargs)
 
-    # Note [Tensors the program resizes]
-    # Tensor.resize_ (and resize_as_) to more elements than its storage holds
-    # grows the storage: the same bytes plus new ones, a size the core's
-    # storage no longer has. Taken as an in-place write, the new version kept
-    # the old size in the core, and recomputing it copied 128 KiB into a
-    # 64 KiB buffer (it raised, and left the block's tensors without bytes).
-    # So such a resize ends the storage for dtr first, as a resize of the
-    # storage itself does (Note [Storages the program resizes] in driver.py),
-    # and runs outside the core: the next op that reads it finds a new
-    # constant at its new size. A resize within the storage's bytes changes
-    # only the tensor's shape, and is an in-place write as before.
     def _grows_storage(self, func, args, kwargs) -> bool:
         """Before aten::resize_ or resize_as_: whether it grows its tensor's storage, which has then ended
-        for dtr (Note [Tensors the program resizes])."""
-        names = [a.name for a in func._schema.arguments]
-        bound = dict(zip(names, args), **kwargs)
-        x, shape = bound.get("self"), bound.get("size")
-        if shape is None:
-            template = bound.get("the_template")
-            shape = template.shape if isinstance(template, torch.Tensor) else None
-        if not isinstance(x, torch.Tensor) or shape is None or not self._trackable(x):
+        for dtr (Note [Tensors the program resizes] in effects.py)."""
+        grown = grown_storage(func, args, kwargs)
+        if grown is None or not self._trackable(grown[0]):
             return False
-        numel = 1
-        for d in shape:
-            numel *= int(d)
-        st = _storage(x)
-        needed = (int(x.storage_offset()) + numel) * x.element_size() if numel else 0
-        if needed <= st.nbytes():
-            return False
-        self.end_storage(st, needed)
+        self.end_storage(_storage(grown[0]), grown[1])
         return True
 
     # Note [Writes that protecting pins]
@@ -361,7 +320,7 @@ class ReferencePath:
             out = func(*args, **kwargs)
         return out, tree_flatten(out)[0], cost, pending
 
-    def _commit(self, call: _Call, op: int, flat_out: List[Any], sizes: List[int], owning: Sequence[int],
+    def _commit(self, call: Call, op: int, flat_out: List[Any], sizes: List[int], owning: Sequence[int],
                 cost: float, plain_writes: Sequence[Tuple[int, int]] = (),
                 const_writes: Sequence[Tuple[int, int]] = (), pending: Any = None, layouts: Any = None,
                 olds: Optional[Dict[int, torch.Tensor]] = None) -> None:
@@ -380,7 +339,7 @@ class ReferencePath:
             layouts: (shape, stride, dtype) of each tensor leaf as it is now,
                 or None to read them from the leaves.
             olds: leaf position -> the value a written constant had before the op (Note [Writes to constants
-                that allocate]), which the recipe reads in its place.
+                that allocate] in recompute.py), which the recipe reads in its place.
         """
         func, leaves, spec, tpos, ins, rng = call
         core = self.core
@@ -505,126 +464,6 @@ class ReferencePath:
                             core.pin(t, Hold.PROTECTED)
                         core.protect(s)  # and what the program holds that was computed from it
 
-    def _run_untracked_inputs(self, func, args, kwargs, leaves, spec):
-        """An op without tracked inputs: a factory (zeros, randn) is tracked by its outputs.
-
-        A factory on the budget's device makes room before it allocates (see
-        Note [Factories]); any other op is accounted for after it ran.
-        """
-        rng = None
-        if SEEDED in func.tags:  # (a factory: the generator of the device it allocates on)
-            device = kwargs.get("device")
-            rng = rng_capture(func, leaves, torch.device(device) if device is not None else torch.device("cpu"))
-        reserved = self._reserve_factory(func, args, kwargs, leaves)
-        if reserved is not None:
-            op, sizes, predicted, metas = reserved
-            try:
-                out = func(*args, **kwargs)
-            except BaseException:
-                self.core.abort_call(op)
-                raise
-            flat_out = tree_flatten(out)[0]
-            owning = [i for i, o in enumerate(flat_out) if self._trackable(o)]
-            if owning == predicted and [_storage(flat_out[i]).nbytes() for i in owning] == sizes:
-                self.ops_seen += 1
-                cost = 1.0 if self.cost_model.measured else self.cost_model.estimate(func, (), {}, metas)
-                self._commit(_Call(func, leaves, spec, [], [], rng), op, flat_out, sizes, owning, cost)
-                return out
-            self.core.abort_call(op)  # the meta run was wrong about it: account for what it made
-        else:
-            out = func(*args, **kwargs)
-            flat_out = tree_flatten(out)[0]
-            views = view_positions(func, out)  # (S.values() of a sparse S: its memory, not a new storage)
-            owning = [i for i, o in enumerate(flat_out) if self._trackable(o) and i not in views]
-        if not owning:
-            return out
-        return self._account_after(_Call(func, leaves, spec, [], [], rng), out, flat_out, owning)
-
-    # Note [Factories]
-    # A factory (torch.ones, arange, randn, empty, full, and _to_copy onto the
-    # device) has no tracked input, so the general path cannot make room for it
-    # first. When its ``device`` argument names the budget's device, it runs
-    # once on the meta device (cached by op and arguments, as for every op) and
-    # the core makes room for its outputs before it allocates; the recorded
-    # call is the same as when it was accounted for afterwards, so replays and
-    # decisions do not change. Ops without a device argument, or whose meta run
-    # fails or disagrees, are still accounted for after they ran.
-    def _reserve_factory(self, func, args, kwargs, leaves):
-        """(op, sizes, output positions, meta outputs) with room made for a factory's outputs, or None."""
-        if self.device_type is None or not _has_device_argument(func):
-            return None
-        device = kwargs.get("device")
-        if (torch.device(device).type if device is not None else "cpu") != self.device_type:
-            return None
-        sig = (func, "factory", tuple((tuple(x.shape), tuple(x.stride()), x.dtype, x.device)
-                                      if isinstance(x, torch.Tensor) else _hashable(x) for x in leaves))
-        pred = self.predictions.of_factory(func, args, kwargs, sig)
-        if pred.sizes is None or not pred.sizes:
-            return None
-        sizes = list(pred.sizes)
-        if self.core.budget >= 0 and self.core.memory + sum(sizes) > self.core.budget:
-            self.poll()  # what the program dropped is room too
-        op = self.core.begin_call([], sizes, [-1] * len(sizes), [], 0.0)
-        return op, sizes, pred.owning, pred.metas
-
-    # Note [Writes without a prediction]
-    # An op whose output sizes the meta device cannot predict runs first and
-    # is accounted for after (_account_after), so the core cannot hand a
-    # written storage's bytes to a new version before it runs. An in-place op
-    # allocates nothing, so PredictionCache predicts one from its schema (its
-    # returns alias written arguments) when its meta kernel fails (in-place
-    # samplers given a generator=: "generator is not supported in refs"), and
-    # it takes the usual path. Any other op that writes a tracked storage
-    # (a custom op without a fake kernel) writes pinned storages: the versions
-    # it writes are pinned first, then protected as constants about to be
-    # written (what was computed from them is pinned too), and the recipe
-    # runs its write on a copy. Before, such a write was not recorded at all:
-    # an evicted exponential_(generator=g) came back as the empty tensor it
-    # was written into.
-    def _run_unpredicted(self, call: _Call, args, kwargs, writes: List[Tuple[int, int]]):
-        """An op whose output sizes could not be predicted: run, then account (may overshoot by its outputs).
-
-        ``writes``: (leaf position, core tensor) of the tracked storages it writes (Note [Writes without a
-        prediction]).
-        """
-        func, leaves, _, tpos, ins, _ = call
-        core = self.core
-        if not all(map(core.defined, ins)):  # a recomputation must not read a storage just dropped
-            self.poll()
-        for _, t in writes:
-            if not core.pinned(core.storage_of(t)):
-                if self.recorder is not None:
-                    self.recorder.pin(self.table.handle[t])
-                core.pin(t)
-            self._protect_written(core.storage_of(t))
-        op0 = self.core.begin_call(ins, [], [], [], 0.0)  # brings the inputs back
-        olds = _old_values(leaves, writes) if writes else None
-        if self.recorder is not None:
-            self.recorder.call(func._schema.name.split("::")[-1], [self.table.handle[t] for t in ins], [], [], 0.0)
-        self.core.end_call(op0, 0.0)
-        if SEEDED in func.tags:
-            call = call._replace(rng=rng_capture(func, leaves, leaves[tpos[0]].device))
-        out = func(*args, **kwargs)
-        flat_out = tree_flatten(out)[0]
-        known = {_storage(leaves[i])._cdata for i in tpos}
-        views = view_positions(func, out)
-        owning = [i for i, o in enumerate(flat_out) if self._trackable(o)
-                  and _storage(o)._cdata not in known and i not in views]
-        return self._account_after(call, out, flat_out, owning, writes, olds)
-
-    def _account_after(self, call: _Call, out: Any, flat_out: List[Any], owning: List[int],
-                       const_writes: Sequence[Tuple[int, int]] = (),
-                       olds: Optional[Dict[int, torch.Tensor]] = None) -> Any:
-        """Account for an op that already ran (its outputs at ``owning`` own new storages, it wrote the pinned
-        ``const_writes``); its result."""
-        self.ops_seen += 1
-        sizes = [_storage(flat_out[i]).nbytes() for i in owning]
-        op = self.core.begin_call(call.ins, sizes, [-1] * len(sizes), [], 0.0)
-        outs = [o for o in flat_out if isinstance(o, torch.Tensor)]
-        cost = 1.0 if self.cost_model.measured else self.cost_model.estimate(call.func, (), {}, outs)
-        self._commit(call, op, flat_out, sizes, owning, cost, const_writes=const_writes, olds=olds or None)
-        return out
-
     # Note [Written leaves]
     # The leaves an op writes are those of the arguments its schema (or a
     # hidden-write rule) marks as written, found by position, never by
@@ -665,42 +504,5 @@ class ReferencePath:
         return out
 
 
-# Note [Writes to constants that allocate]
-# A recipe runs an op's write to a constant on a copy of the constant
-# (recompute.py), and that copy holds the constant's value when the op is
-# recomputed: after the write. An op whose outputs depend on the value it
-# overwrote (a custom op that scales its argument in place and returns a new
-# tensor computed from it) then recomputed them from the new value. So when
-# an op that writes a constant also allocates, the values the written
-# constants had before it are kept (a copy, made just before the op runs) and
-# its recipe reads those instead. The copies are not counted against the
-# budget: the usual such op is batch norm in training, whose writes are its
-# running statistics (a few floats per channel). A copy lives as long as the
-# recipe.
-def _old_values(leaves: List[Any], writes: Sequence[Tuple[int, int]]) -> Dict[int, torch.Tensor]:
-    """Leaf position -> a copy of each written constant's value before the op (Note [Writes to constants that
-    allocate])."""
-    return {pos: leaves[pos].clone() for pos, _ in writes}
-
-
 def size_warning(func: Any, got: int, predicted: int) -> None:
     log.warning("dtr: %s allocated %d bytes where %d were predicted", func, got, predicted)
-
-
-_DEVICE_ARGUMENT: Dict[Any, bool] = {}
-
-
-def _has_device_argument(func: Any) -> bool:
-    """Whether the op's schema takes a ``device`` (factories and device copies), cached per overload."""
-    got = _DEVICE_ARGUMENT.get(func)
-    if got is None:
-        got = _DEVICE_ARGUMENT[func] = any(a.name == "device" for a in func._schema.arguments)
-    return got
-
-
-def _hashable(x: Any) -> Any:
-    try:
-        hash(x)
-        return x
-    except TypeError:
-        return repr(x)

@@ -57,7 +57,7 @@ def test_lazy_conjugate_and_negative_views_are_recomputed_with_their_bits(view):
 
 @pytest.mark.parametrize("sampler", ["exponential_", "geometric_", "cauchy_", "log_normal_"])
 def test_in_place_samplers_given_a_generator_are_recorded_as_writes(sampler):
-    """Note [Writes without a prediction] in dtr/runtime/reference.py: with generator=, these have no meta
+    """Note [Writes without a prediction] in dtr/runtime/unpredicted.py: with generator=, these have no meta
     kernel; their write was not recorded, and an evicted result came back from the empty tensor it wrote."""
     w = _w()
     args = {"geometric_": (0.3,)}.get(sampler, ())
@@ -100,7 +100,7 @@ def test_an_unpredicted_op_that_writes_pins_what_it_writes():
 
 
 def test_a_tensor_whose_storage_resize_grows_is_a_new_constant():
-    """Note [Tensors the program resizes] in dtr/runtime/reference.py: the recomputation copied 128 KiB into the
+    """Note [Tensors the program resizes] in dtr/runtime/effects.py: the recomputation copied 128 KiB into the
     64 KiB the core still counted, and raised."""
     w = _w()
 
