@@ -276,6 +276,29 @@ bool commit_pin_version_chain(Commit& c) {
   return static_cast<bool>(r);
 }
 
+// While any storage is volatile (driver.py's Note [Bytes written outside PyTorch]): the op's results pinned if it
+// read one, by the reference's own ReferencePath._pin_if_volatile.
+bool commit_pin_volatile(Commit& c) {
+  const std::vector<long>& ins = c.call.scratch.ins;
+  const std::vector<long>& outs = c.call.scratch.new_tensors;
+  Ref a(PyList_New(0)), r(PyList_New(0));
+  if (!a || !r) return false;
+  for (long t : ins) {
+    Ref k(cached_int(t));
+    if (!k || PyList_Append(a.get(), k.get()) < 0) return false;
+  }
+  for (long t : outs) {
+    Ref k(cached_int(t));
+    if (!k || PyList_Append(r.get(), k.get()) < 0) return false;
+  }
+  if (c.new_version >= 0) {
+    Ref k(cached_int(c.new_version));
+    if (!k || PyList_Append(r.get(), k.get()) < 0) return false;
+  }
+  Ref done(PyObject_CallMethodObjArgs(c.call.f->mode, names._pin_if_volatile, a.get(), r.get(), nullptr));
+  return static_cast<bool>(done);
+}
+
 }  // namespace
 
 // Twin of ReferencePath._commit (dtr/runtime/reference.py): everything after the op ran, for an op that writes nothing
@@ -292,6 +315,9 @@ PyObject* mode_commit(OpCall& call, PyObject* out) {
   c.recorder = mget(f, S::recorder);
   if (c.recorder != nullptr && c.recorder != Py_None && !commit_record(c)) return nullptr;
   if (api->end_call(f->c, call.op, call.cost) < 0) { translate_error(); return nullptr; }
+  PyObject* volatile_ = mget(f, S::_volatile);
+  if (volatile_ != nullptr && PySet_Check(volatile_) && PySet_GET_SIZE(volatile_) > 0 && !commit_pin_volatile(c))
+    return nullptr;
   if (!commit_saw(c)) return nullptr;
   // The recipe (ops that produce nothing are never recomputed).
   if ((!e->owning.empty() || call.written >= 0) && !commit_recipe(c)) return nullptr;

@@ -84,10 +84,8 @@ int dispatch_admit(FastPath* f, PyObject* func, PyObject* types, PyObject* args,
   }
   PyObject* opaque = mget(f, S::_opaque_readers);
   PyObject* timer = mget(f, S::timer);
-  PyObject* volatile_ = mget(f, S::_volatile);  // (storages written outside PyTorch: driver.py's Note [Bytes
-  if (device_type == nullptr || device_type == Py_None || !PyUnicode_Check(device_type) ||  // written outside
-      (opaque != nullptr && PyDict_Check(opaque) && PyDict_GET_SIZE(opaque) > 0) ||          // PyTorch])
-      (volatile_ != nullptr && PySet_Check(volatile_) && PySet_GET_SIZE(volatile_) > 0) || timer == nullptr ||
+  if (device_type == nullptr || device_type == Py_None || !PyUnicode_Check(device_type) ||
+      (opaque != nullptr && PyDict_Check(opaque) && PyDict_GET_SIZE(opaque) > 0) || timer == nullptr ||
       (f->measured && reinterpret_cast<PyObject*>(Py_TYPE(timer)) != env.wall_timer) || !PyTuple_Check(args))
     return PyErr_Occurred() ? -1 : 0;
   if (device_type != f->device_name) {

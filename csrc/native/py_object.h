@@ -61,7 +61,7 @@ inline Env env;
   X(poll) X(collect) X(_native_predict) X(call) X(release) X(_generation) X(sizes) X(owning) X(metas) \
   X(estimate) X(mutated) X(device) X(__exit__) X(cost_model) X(measured) X(untyped_storage) \
   X(schedule) X(_core) X(core) X(_on_evict) X(on_compute) X(_on_compute) X(on_pin) X(constant) \
-  X(_set_device) X(pin) X(protect) X(_protect_written)
+  X(_set_device) X(pin) X(protect) X(_protect_written) X(_pin_if_volatile)
 struct Names {
 #define DTR_DECL(n) PyObject* n = nullptr;
   DTR_NAMES(DTR_DECL)

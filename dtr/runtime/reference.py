@@ -369,13 +369,8 @@ class ReferencePath(AccountedAfter):
                                [handle[t] for t in new_tensors], sizes, cost,
                                mutated=[handle[old] for _, old in plain_writes] + [handle[t] for _, t in const_writes])
         core.end_call(op, cost)
-        if self._volatile and any(storage_of(t) in self._volatile for t in ins):
-            # (see Note [Bytes written outside PyTorch] in driver.py)
-            for t in chain(new_tensors, (new for _, _, new in writes if new >= 0)):
-                if not core.pinned(storage_of(t)):
-                    if self.recorder is not None:
-                        self.recorder.pin(table.handle[t])
-                    core.pin(t, Hold.ESCAPED)
+        if self._volatile:
+            self._pin_if_volatile(ins, list(chain(new_tensors, (new for _, _, new in writes if new >= 0))))
         if any(isinstance(x, torch.Tensor) and opaque(x) for x in leaves):
             for x in leaves:  # see Note [Other layouts]
                 if isinstance(x, torch.Tensor) and opaque(x):
@@ -411,6 +406,17 @@ class ReferencePath(AccountedAfter):
                 core.pin(new, Hold.VERSION_CHAIN)
         if self.ops_seen - self._ops_at_gc > max(limits.GC_MIN_OPS, self._live_after_gc):
             self.collect()
+
+    def _pin_if_volatile(self, ins: Sequence[int], results: Sequence[int]) -> None:
+        """Pin an op's results if it read a volatile storage (Note [Bytes written outside PyTorch] in driver.py);
+        the native path's commit calls it too, while any storage is volatile."""
+        core = self.core
+        if any(core.storage_of(t) in self._volatile for t in ins):
+            for t in results:
+                if not core.pinned(core.storage_of(t)):
+                    if self.recorder is not None:
+                        self.recorder.pin(self.table.handle[t])
+                    core.pin(t, Hold.ESCAPED)
 
     # Note [Other layouts]
     # dtr evicts and recomputes strided storages only. A tensor of another

@@ -200,6 +200,30 @@ def test_the_native_path_runs_most_ops_and_hands_the_rest_to_the_reference():
     assert b._driver._fast is None and b._driver.entry is None  # the block's end drops the cycle driver <-> path
 
 
+def test_ops_after_memory_written_outside_pytorch_stay_native():
+    """Note [Bytes written outside PyTorch] in dtr/runtime/driver.py: only the ops that read volatile memory go
+    to the reference; the native path pins the results of the others that read it (through the reference's
+    _pin_if_volatile), and runs the rest as before."""
+    np = pytest.importorskip("numpy")
+    a = np.ones((64, 64), dtype=np.float32)
+    w = torch.randn(64, 64) / 8
+    with dtr.budget(None, native=True) as b:
+        fast = b._driver._fast
+        x = torch.from_numpy(a) * 1.0       # reads memory PyTorch does not own: the reference, pinned
+        y = torch.ones(64, 64)
+        y.numpy()                           # escapes writable: y is volatile from here
+        h0 = h = y @ w                      # reads it: pinned (on either path)
+        before = fast.counts
+        for _ in range(20):
+            h = torch.tanh(h @ w)           # reads nothing volatile: native
+        nat, ref = fast.counts
+        core, table = b._driver.core, b._driver.table
+        storage = torch._C.TensorBase.untyped_storage  # (unwrapped: the public method is an escape)
+        pinned = [core.pinned(core.storage_of(table.version[storage(t)._cdata])) for t in (x, h0)]
+    assert pinned == [True, True]
+    assert nat - before[0] >= 40 and ref - before[1] <= 2, (before, (nat, ref))
+
+
 def test_a_native_block_leaves_no_reference_cycle():
     """The native path's hooks (a C function among them) hold the mode while the block runs; its end lets go.
 
