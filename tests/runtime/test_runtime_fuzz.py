@@ -25,13 +25,13 @@ from support.paths import DATA  # noqa: E402
 from support.random_programs import (  # noqa: E402
     Instr,
     Program,
-    assert_equal,
     generate,
     leaf_and_grad_bytes,
     make_leaves,
     run,
     run_steps,
 )
+from support.same_values import assert_equal  # noqa: E402
 
 import dtr  # noqa: E402
 from dtr.runtime.step_plans import PlanPolicy  # noqa: E402

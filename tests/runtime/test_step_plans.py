@@ -144,6 +144,7 @@ def test_a_planned_step_replays_to_its_own_evictions_and_recomputations(tmp_path
     assert r.plan_diverged_at is None
 
 
+@pytest.mark.slow
 def test_steps_that_always_differ_are_recorded_once():
     rng = random.Random(0)
     torch.manual_seed(0)
@@ -183,6 +184,7 @@ def test_a_loop_that_alternates_between_two_shapes_gets_a_plan_for_each():
     assert modes.count("recorded") <= 4 and modes[-4:] == ["planned"] * 4, (modes, mem.plan_errors)
 
 
+@pytest.mark.slow
 def test_the_program_exits_cleanly_while_a_thread_plans(tmp_path):
     """A planning thread still running when the program ends: before, the interpreter killed it inside the
     planner's C++ (SIGABRT, "terminate called without an active exception") in 3 of 6 runs of this script."""

@@ -30,8 +30,8 @@ also runs, so every program it returns is valid plain PyTorch. :func:`run` execu
 inside a context (a
 ``dtr.budget``), and returns what it computed; :func:`run_steps` runs it as
 several training steps with an in-place SGD update, in one context per step
-or one around all. :func:`assert_equal` compares two runs' results bit for bit, and
-:func:`leaf_and_grad_bytes` sizes budgets.
+or one around all. :func:`leaf_and_grad_bytes` sizes budgets; support.same_values compares two runs'
+results bit for bit.
 """
 from __future__ import annotations
 
@@ -52,8 +52,7 @@ from torch.testing._internal.two_tensor import TwoTensor
 
 from support.program_functions import ScaledMul, Unsharded, block, grown, lazy_bits, quantized, tangent
 
-__all__ = ["Instr", "Program", "Result", "generate", "make_leaves", "run", "run_steps", "same_bits", "assert_equal",
-           "leaf_and_grad_bytes"]
+__all__ = ["Instr", "Program", "Result", "generate", "make_leaves", "run", "run_steps", "leaf_and_grad_bytes"]
 
 SHAPES = [(16, 16), (16, 32), (32, 16), (32, 32)]
 KEEP = 3  # names the program still holds after its loss (run)
@@ -599,30 +598,7 @@ def generate(seed: int, length: int = 60, attempts: int = 20, collectives: bool 
     raise RuntimeError(f"no valid program for seed {seed} in {attempts} attempts")
 
 
-# ------------------------------------------------------------------ comparing runs, sizing budgets
-
-_BITS = {torch.float32: torch.int32, torch.float64: torch.int64}
-
-
-def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Bit-for-bit equality (NaNs included, which ``torch.equal`` never finds equal)."""
-    if a.dtype != b.dtype or a.shape != b.shape:
-        return False
-    if a.dtype in _BITS:
-        a, b = a.contiguous().view(_BITS[a.dtype]), b.contiguous().view(_BITS[b.dtype])
-    return torch.equal(a, b)
-
-
-def assert_equal(got: Result, want: Result, what: str) -> None:
-    assert same_bits(got.loss, want.loss), f"{what}: loss {got.loss} != {want.loss}"
-    for i, (g, w) in enumerate(zip(got.grads, want.grads)):
-        assert (g is None) == (w is None), f"{what}: gradient {i} present in one run only"
-        if g is not None:
-            assert same_bits(g, w), f"{what}: gradient {i} differs (max |diff| {(g - w).abs().max()})"
-    assert got.values.keys() == want.values.keys()
-    for n in want.values:
-        assert same_bits(got.values[n], want.values[n]), f"{what}: value {n} differs"
-
+# ------------------------------------------------------------------ sizing budgets
 
 def leaf_and_grad_bytes(p: Program) -> int:
     """Roughly what exists before the program: its leaves, and as much again for gradients (sets budgets)."""
