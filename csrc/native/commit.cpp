@@ -224,7 +224,7 @@ bool commit_recipe(Commit& c) {
     }
   }
   PyTypeObject* rt = reinterpret_cast<PyTypeObject*>(env.recipe_type);
-  PyObject* recipe = rt->tp_alloc(rt, 7);
+  PyObject* recipe = rt->tp_alloc(rt, 8);
   if (recipe == nullptr) return false;
   Ref rec(recipe);
   Ref empty(PyTuple_New(0));
@@ -245,6 +245,8 @@ bool commit_recipe(Commit& c) {
   Py_INCREF(rng); PyTuple_SET_ITEM(recipe, 5, rng);
   PyObject* grad = at::GradMode::is_enabled() ? Py_True : Py_False;  // (Note [What a recomputation restores])
   Py_INCREF(grad); PyTuple_SET_ITEM(recipe, 6, grad);
+  PyObject* dtype = reinterpret_cast<PyObject*>(torch::getTHPDtype(c10::get_default_dtype_as_scalartype()));
+  Py_INCREF(dtype); PyTuple_SET_ITEM(recipe, 7, dtype);  // (the same Note: the default dtype)
   untrack(recipe);  // (and its leaves and outputs: see Note [Untracked records] in py_object.h)
   untrack(PyTuple_GET_ITEM(recipe, 1));
   untrack(PyTuple_GET_ITEM(recipe, 3));

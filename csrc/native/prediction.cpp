@@ -128,6 +128,8 @@ long op_generation = -1;
 bool scan_args(PyObject* func, PyObject* args, PyObject* kwargs, Scan& s) {
   s.key.push_back(kKey);
   s.key.push_back(reinterpret_cast<int64_t>(func));
+  // (the default dtype: it decides the dtype of a factory without dtype= and of Python floats promoted)
+  s.key.push_back(static_cast<int64_t>(c10::get_default_dtype_as_scalartype()));
   if (!scan_value(args, s)) return false;
   if (kwargs != nullptr) {
     s.key.push_back(kKwargs);

@@ -9,7 +9,7 @@ import warnings
 from typing import Any, Callable, Dict, List, Optional, Union
 
 import torch
-from torch.utils._python_dispatch import _disable_current_modes, _get_current_dispatch_mode_stack
+from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
 from dtr.core import Core, make_config
 from dtr.errors import BudgetWarning, NestingError, OutOfBudgetError, ThrashingError
@@ -385,7 +385,8 @@ class Budget:
                 restore()
             finally:
                 driver.entry.exit(exc_type, exc, tb)
-            with _disable_current_modes():  # every tensor the program still holds is resident again
+            # Every tensor the program holds is resident again (entry.py's Note [Where dtr's own work runs]).
+            with driver.off():
                 if exc_type is None:
                     try:
                         driver.finish()

@@ -183,7 +183,7 @@ class Driver(ReferencePath):
         return self.entry is not None and self.entry.receives_ops()
 
     def off(self) -> Any:
-        """A context in which the thread's ops do not come to this driver (nor to any dispatch mode)."""
+        """A context in which the thread's ops do not come to this driver; see Note [Where dtr's own work runs]."""
         return self.entry.off()
 
     # ----------------------------------------------------------------- tracking

@@ -15,9 +15,15 @@ native module the classes, helpers and limits it mirrors (native.py only loads i
 """
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, List, Optional
 
-from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes, _get_current_dispatch_mode_stack
+from torch.utils._python_dispatch import (
+    TorchDispatchMode,
+    _disable_current_modes,
+    _get_current_dispatch_mode_stack,
+    _pop_mode,
+    _push_mode,
+)
 
 from dtr import core
 from dtr.errors import OutOfBudgetError, ThrashingError
@@ -74,7 +80,7 @@ class ModeEntry(TorchDispatchMode):
         return self in _get_current_dispatch_mode_stack()
 
     def off(self) -> Any:
-        return _disable_current_modes()
+        return _BelowMode(self)
 
 
 class ReferenceMode(ModeEntry):
@@ -119,7 +125,55 @@ class KeyEntry:
         return native.key_active()
 
     def off(self) -> Any:
-        return native.key_off()
+        return _KeyOff()
+
+
+# Note [Where dtr's own work runs]
+# An op the block records ran below every mode the program had entered before
+# the block (a mode entry: dtr's mode is on top of them and hands each op
+# down through them) or below all of them (the key entry: the key lies below
+# the Python modes, whose handlers ran first). dtr's own work outside an op
+# (an escape such as .tolist(), the program's resize_, the end of the block)
+# runs its recomputations in that same place, or a program's own mode that
+# changes values (a mode that scales every matmul, say) was left out of the
+# recomputed bytes: a mode entry's off() takes its own mode and those above
+# it off the stack and keeps those below; the key entry's takes the key and
+# every mode off.
+class _BelowMode:
+    """While it is active, ``mode`` and the modes above it are off this thread's stack (no-op if it is not on it)."""
+
+    __slots__ = ("_mode", "_popped")
+
+    def __init__(self, mode: TorchDispatchMode):
+        self._mode = mode
+        self._popped: List[TorchDispatchMode] = []
+
+    def __enter__(self) -> None:
+        stack = _get_current_dispatch_mode_stack()
+        if self._mode in stack:
+            for _ in range(len(stack) - stack.index(self._mode)):
+                self._popped.append(_pop_mode())
+
+    def __exit__(self, *exc: Any) -> None:
+        while self._popped:
+            _push_mode(self._popped.pop())
+
+
+class _KeyOff:
+    """While it is active, neither the dispatch key nor any Python mode sees this thread's ops."""
+
+    __slots__ = ("_key", "_modes")
+
+    def __enter__(self) -> None:
+        self._key, self._modes = native.key_off(), _disable_current_modes()
+        self._key.__enter__()
+        self._modes.__enter__()
+
+    def __exit__(self, *exc: Any) -> None:
+        try:
+            self._modes.__exit__(*exc)
+        finally:
+            self._key.__exit__(*exc)
 
 
 def enter(driver: Driver, use_native: bool, entry: str) -> Any:

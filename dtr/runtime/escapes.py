@@ -23,10 +23,15 @@
 #   ``data_ptr``, DLPack, ``__cuda_array_interface__``, ``share_memory_``:
 #   WRITE) also make it volatile: its bytes may change without a dispatched
 #   op, so nothing computed from it is ever recomputed from it (Note [Bytes
-#   written outside PyTorch] in driver.py).
+#   written outside PyTorch] in driver.py). ``apply_``, ``map_`` and
+#   ``map2_`` run a Python function over the elements in place, no op
+#   dispatched: WRITE too (an evicted result lost their writes; run on an
+#   evicted tensor, they crashed on its empty storage).
 # - bring back only: the bytes are read at once, before any other op:
 #   ``.tolist()`` and ``copy.deepcopy`` (its copy is a dispatched op from then
 #   on, which dtr tracks like any other).
+# The other tensors a wrapped method takes (``map_``'s and ``map2_``'s
+# operands) are pinned: bringing one back must not evict another.
 #
 # A storage the program resizes itself (``UntypedStorage.resize_``, no
 # dispatched op: FSDP2 frees its unsharded parameters after use and allocates
@@ -74,6 +79,9 @@ ESCAPING: Dict[str, str] = {
     "__reduce_ex__": PIN,
     "tolist": READ,
     "__deepcopy__": READ,
+    "apply_": WRITE,
+    "map_": WRITE,
+    "map2_": WRITE,
 }
 # Properties of torch.Tensor whose getter hands the memory out (WRITE).
 _ESCAPING_PROPERTIES = ("__cuda_array_interface__",)
@@ -105,6 +113,9 @@ def _guarded(original: Callable, how: str) -> Callable:
         try:
             if isinstance(self, torch.Tensor):
                 escape(self, how)
+            for x in args:  # (operands read outside the dispatcher too: map_, map2_)
+                if isinstance(x, torch.Tensor):
+                    escape(x, PIN)
             return original(self, *args, **kwargs)
         finally:
             _depth.n = 0

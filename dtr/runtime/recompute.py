@@ -27,6 +27,14 @@ _storage = torch._C.TensorBase.untyped_storage
 _SWAP = hasattr(torch.UntypedStorage, "_swap_data_ptr_")  # see Note [Adopting recomputed bytes]
 _is_grad_enabled = torch.is_grad_enabled
 _set_grad_enabled = torch._C._set_grad_enabled
+_get_default_dtype = torch.get_default_dtype
+# Every device's autocast key (see Note [What a recomputation restores]).
+_AUTOCAST = torch._C.DispatchKeySet(torch._C.DispatchKey.AutocastCPU)
+for _k in ("AutocastCUDA", "AutocastXPU", "AutocastMPS", "AutocastHPU", "AutocastIPU", "AutocastPrivateUse1",
+           "AutocastMTIA", "AutocastXLA"):
+    if hasattr(torch._C.DispatchKey, _k):
+        _AUTOCAST = _AUTOCAST | torch._C.DispatchKeySet(getattr(torch._C.DispatchKey, _k))
+_no_autocast = torch._C._ExcludeDispatchKeyGuard
 
 # Note [Versions]
 # The core sees one tensor per *version* of a physical storage. A view is not
@@ -75,21 +83,37 @@ class Recipe(NamedTuple):
     writes: Tuple[Tuple[int, int, int], ...]  # (leaf position, old version, new version or -1 for a constant)
     rng: Optional[Tuple[Tuple[torch.Generator, torch.Tensor], ...]]  # (generator, state before the op)
     grad: bool  # autograd's grad mode when the op ran (Note [What a recomputation restores])
+    dtype: torch.dtype  # torch's default dtype when the op ran (the same Note)
 
 
 # Note [What a recomputation restores]
 # A recomputation must compute the bytes the op first computed, but it runs
 # where the core needs them: often in backward, where autograd's grad mode is
-# off. Below autograd most kernels ignore grad mode, not all: on the CPU,
-# aten::mkldnn_rnn_layer (nn.LSTM) takes oneDNN's inference path when grad
-# mode is off, whose outputs differ in the last bits and whose workspace is
-# None. An LSTM's weight gradients then differed from plain PyTorch's, and
-# recomputing the workspace raised. So a recipe records the grad mode the op
-# ran under, and a recomputation runs under it (below autograd, where the
-# recomputation runs, grad mode records no graph). Random ops also replay
-# their generators' states (Note [Random ops]). Other process-wide settings
-# (torch.backends flags, the number of threads) are not recorded: a program
-# that changes them between an op and its recomputation may get other bits.
+# off, or at the end of the block, or when memory escapes (.tolist(), .numpy())
+# outside any op. A recipe records the op below autograd and autocast, with its
+# arguments as they reached it, so it replays the same way only in the same
+# setting:
+# - Grad mode. Below autograd most kernels ignore it, not all: on the CPU,
+#   aten::mkldnn_rnn_layer (nn.LSTM) takes oneDNN's inference path when grad
+#   mode is off, whose outputs differ in the last bits and whose workspace is
+#   None (an LSTM's weight gradients differed from plain PyTorch's). A recipe
+#   records it; a recomputation runs under it (below autograd, grad mode
+#   records no graph).
+# - Autocast. The recorded op is what autocast passed down, inputs already
+#   cast; run again from the top of the dispatcher inside an autocast region
+#   (where the program is when it reads a tensor or ends the block), a
+#   float32 matmul recorded with autocast off came back computed in bfloat16.
+#   A recomputation runs with every autocast key excluded.
+# - The default dtype. Factories without dtype= and Python scalars promoted
+#   against integer tensors take it: a tensor made while the program had set
+#   float64 came back as float32 values converted. A recipe records it; a
+#   recomputation sets it. It is also part of an op's signature (Python's
+#   and the native path's), whose cached prediction of the outputs' sizes
+#   it changes.
+# Random ops also replay their generators' states (Note [Random ops]). Other
+# process-wide settings (torch.backends flags, the number of threads) are not
+# recorded: a program that changes them between an op and its recomputation
+# may get other bits.
 #
 # Note [Recipes and the cyclic GC]
 # Recipes are the runtime's long-lived objects, one per op, and every container
@@ -228,11 +252,14 @@ class Recomputer:
         if r.rng is not None:  # replay the random op with the generator state it first saw
             saved = rng_state(r.rng)
             set_rng_state(r.rng)
-        grad = _is_grad_enabled()
+        grad, dtype = _is_grad_enabled(), _get_default_dtype()
         if grad != r.grad:  # see Note [What a recomputation restores]
             _set_grad_enabled(r.grad)
+        if dtype is not r.dtype:
+            torch.set_default_dtype(r.dtype)
         try:
-            out = r.func(*args, **kwargs)
+            with _no_autocast(_AUTOCAST):
+                out = r.func(*args, **kwargs)
         except BaseException:
             for st in moved:  # the new version stays evicted; the core evicts the old one too
                 resize_storage(st, 0)
@@ -240,6 +267,8 @@ class Recomputer:
         finally:
             if grad != r.grad:
                 _set_grad_enabled(grad)
+            if dtype is not r.dtype:
+                torch.set_default_dtype(dtype)
             if r.rng is not None:
                 set_rng_state(saved)
         flat = tree_flatten(out)[0]
@@ -257,6 +286,9 @@ class Recomputer:
             isinstance(x, torch.Tensor) and not opaque(x) and _storage(x)._cdata in srcs for x in leaves)
         for slot, o in back:
             if not (adopt and self._adopt(slot, o)):
+                if o.dtype != slot.dtype or tuple(o.shape) != slot.size:  # (never a silent conversion)
+                    raise RuntimeError(f"dtr: recomputing {r.func} gave a {o.dtype} tensor of shape {tuple(o.shape)} "
+                                       f"where it first gave {slot.dtype} of shape {slot.size}")
                 self.refill(slot.tensor)
                 self.view(slot).copy_(o)
 

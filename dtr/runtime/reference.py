@@ -40,6 +40,7 @@ log = logging.getLogger("dtr.runtime")
 # Tensor.untyped_storage unwrapped: a block wraps the public method (Note [Escaped memory] in escapes.py).
 _storage = torch._C.TensorBase.untyped_storage
 _is_grad_enabled = torch.is_grad_enabled
+_get_default_dtype = torch.get_default_dtype
 
 
 # Note [Version chains]
@@ -135,7 +136,7 @@ class ReferencePath(AccountedAfter):
             (const_writes if core.pinned(core.storage_of(t)) else plain_writes).append((pos, t))
 
         layouts = signature_layouts(leaves)
-        sig = (func, layouts)
+        sig = (func, layouts, _get_default_dtype())  # (see Note [What a recomputation restores] in recompute.py)
         pred = self.predictions.of_op(func, leaves, spec, sig)
         if pred.sizes is None:  # no meta kernel: run it first, account for it after
             out = self._run_unpredicted(Call(func, leaves, spec, tpos, ins), args, kwargs,
@@ -230,7 +231,8 @@ class ReferencePath(AccountedAfter):
         """For the native path, on first sight of a signature: (leaves, spec, layouts, prediction)."""
         leaves, spec = tree_flatten((args, kwargs))
         layouts = signature_layouts(leaves)
-        return leaves, spec, layouts, self.predictions.of_op(func, leaves, spec, (func, layouts))
+        sig = (func, layouts, _get_default_dtype())
+        return leaves, spec, layouts, self.predictions.of_op(func, leaves, spec, sig)
 
     # Note [Rebinding a tensor's storage]
     # aten::set_ makes its ``self`` view another storage (or a new empty one):
@@ -398,7 +400,7 @@ class ReferencePath(AccountedAfter):
                     rleaves[pos] = x
             # (tuples: see Note [Recipes and the cyclic GC] in recompute.py)
             self.recomputer.recipes[op] = Recipe(func, tuple(rleaves), spec, tuple(out_slots), tuple(writes), rng,
-                                                     _is_grad_enabled())
+                                                     _is_grad_enabled(), _get_default_dtype())
         for new, n in chains:  # see Note [Version chains]
             if n >= limits.MAX_VERSIONS:
                 if self.recorder is not None:

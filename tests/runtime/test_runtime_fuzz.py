@@ -22,6 +22,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from support.paths import DATA  # noqa: E402
+from support.program_functions import LAYOUTS  # noqa: E402
 from support.random_programs import (  # noqa: E402
     Instr,
     Program,
@@ -141,8 +142,9 @@ def test_random_programs_that_resize_storages_are_exact_or_fail_cleanly():
 
 def test_random_programs_through_other_layouts_are_exact_or_fail_cleanly():
     """Values laid out or written in ways a recomputation must reproduce: lazy conjugate and negative views,
-    a storage resize_ grows, quantized round trips, forward-mode AD's zero tensors (program_functions), and
-    in-place samplers given a generator (no meta kernel). Each gave wrong values or raised before its fix."""
+    a storage resize_ grows, quantized round trips, forward-mode AD's zero tensors, float32 matmuls read inside
+    an autocast region, another default dtype, apply_ and map_ (program_functions.LAYOUTS), and in-place
+    samplers given a generator (no meta kernel). Each gave wrong values or raised before its fix."""
     exact = infeasible = evicting = 0
     seen = collections.Counter()
     for seed in range(16):
@@ -151,7 +153,7 @@ def test_random_programs_through_other_layouts_are_exact_or_fail_cleanly():
                     and ins.args[0] in ("exponential_", "geometric_"))
         e, i, v = exact_or_budget_errors(p)
         exact, infeasible, evicting = exact + e, infeasible + i, evicting + v
-    assert set(seen) == {"lazy_bits", "grown", "quantized", "tangent", "exponential_", "geometric_"}, seen
+    assert set(seen) == set(LAYOUTS) | {"exponential_", "geometric_"}, seen
     # (seen: 25 such instructions, 43 exact runs of 48, all 43 recomputing; before the fixes, wrong values or
     # "size does not match" from a recomputation)
     assert exact >= 32 and evicting >= 28, (seen, exact, infeasible, evicting)

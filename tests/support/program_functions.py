@@ -1,7 +1,8 @@
 """The autograd Functions and blocks the random programs (random_programs.py) call: a user-defined Function,
 products through a storage the program frees and allocates again (FSDP2's unsharded parameters), the block
 ``torch.utils.checkpoint`` recomputes, and the instructions through lazy conjugate and negative views, a storage
-``resize_`` grows, a quantized round trip and forward-mode AD."""
+``resize_`` grows, a quantized round trip, forward-mode AD, float32 matmuls inside a bfloat16 autocast region,
+ops under another default dtype and Python functions run over elements in place."""
 from __future__ import annotations
 
 import warnings
@@ -9,7 +10,8 @@ import warnings
 import torch
 import torch.autograd.forward_ad as fwAD
 
-__all__ = ["ScaledMul", "Unsharded", "block", "grown", "lazy_bits", "quantized", "tangent"]
+__all__ = ["LAYOUTS", "ScaledMul", "Unsharded", "block", "float64_default", "fp32_island", "grown", "lazy_bits",
+           "python_elementwise", "quantized", "tangent"]
 
 
 class ScaledMul(torch.autograd.Function):
@@ -96,3 +98,42 @@ def tangent(a: torch.Tensor) -> torch.Tensor:
             d = torch.sin(d) * 1.5
         _, t = fwAD.unpack_dual(d)
     return t * a
+
+
+def fp32_island(a: torch.Tensor) -> torch.Tensor:
+    """Matmuls run with autocast off inside a bfloat16 autocast region, then read inside it by ops autocast
+    leaves alone: recomputed there, they must not come back computed in bfloat16 (Note [What a recomputation
+    restores] in dtr/runtime/recompute.py)."""
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        with torch.autocast("cpu", enabled=False):
+            ys = [torch.tanh(a * (i + 1)) @ a.t() for i in range(3)]
+        h = (a @ (a.t() @ a)).float()  # (bfloat16 matmuls)
+        s = ys[0] * 0.5 + ys[1] * 0.25 + ys[2] * 0.125
+    return (s @ a) + h
+
+
+def float64_default(a: torch.Tensor) -> torch.Tensor:
+    """Tensors whose dtype comes from the default dtype (a factory without dtype=, an integer tensor times a
+    Python float), made while the program has set float64, used after it set the default back."""
+    prev = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        r = torch.arange(a.numel()).view(a.shape) * 0.001
+        u = torch.rand(a.shape)
+    finally:
+        torch.set_default_dtype(prev)
+    return a * (r * u).float()
+
+
+def python_elementwise(a: torch.Tensor) -> torch.Tensor:
+    """``Tensor.apply_`` and ``map_``: Python functions over the elements, in place, with no op dispatched."""
+    b = torch.tanh(a.detach() * 1.0)
+    b.apply_(lambda v: v * 0.5 + 1.0)
+    c = torch.sigmoid(a.detach())
+    c.map_(b, lambda x, y: x + y)
+    return c * a
+
+
+#: What a "layout" instruction of the random programs runs, by name.
+LAYOUTS = {"lazy_bits": lazy_bits, "grown": grown, "quantized": quantized, "tangent": tangent,
+           "fp32_island": fp32_island, "float64_default": float64_default, "python_elementwise": python_elementwise}

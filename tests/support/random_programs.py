@@ -50,7 +50,7 @@ import torch.utils.checkpoint
 from torch.distributed import _functional_collectives as fc
 from torch.testing._internal.two_tensor import TwoTensor
 
-from support.program_functions import ScaledMul, Unsharded, block, grown, lazy_bits, quantized, tangent
+from support.program_functions import LAYOUTS, ScaledMul, Unsharded, block
 
 __all__ = ["Instr", "Program", "Result", "generate", "make_leaves", "run", "run_steps", "leaf_and_grad_bytes"]
 
@@ -58,7 +58,6 @@ SHAPES = [(16, 16), (16, 32), (32, 16), (32, 32)]
 KEEP = 3  # names the program still holds after its loss (run)
 # The program's own torch.Generator (for generator= arguments), reseeded from the program's seed by _leaves.
 _GENERATOR = torch.Generator()
-_LAYOUTS = {"lazy_bits": lazy_bits, "grown": grown, "quantized": quantized, "tangent": tangent}
 # What a "nested" instruction opens: run(nested=f) sets f(ratio) -> a context (a dtr.budget inside the
 # program's block, at ratio times its budget); empty: nothing (the eager reference).
 _NESTED: List[Callable[[float], Any]] = []
@@ -291,8 +290,8 @@ def _exec(ins: Instr, env: Dict[str, torch.Tensor]) -> None:
     elif k == "nested":  # a block inside the program's (a library's own dtr.budget), around a few ops
         with (_NESTED[0](args[1]) if _NESTED else contextlib.nullcontext()):
             env[out] = block(t(args[0])) * t(args[0])
-    elif k == "layout":  # see program_functions: lazy bits, a grown storage, quantized, forward-mode AD
-        env[out] = _LAYOUTS[args[0]](t(args[1]))
+    elif k == "layout":  # see program_functions: lazy bits, a grown storage, quantized, forward-mode AD, settings
+        env[out] = LAYOUTS[args[0]](t(args[1]))
     elif k == "del":
         del env[args[0]]
     else:
@@ -389,7 +388,7 @@ def _propose(rng: random.Random, env: Dict[str, torch.Tensor], fresh: Callable[[
     if kind == "layout":
         if env[a].dtype != torch.float32 or env[a].dim() != 2:
             return None
-        return Instr(kind, fresh(), (rng.choice(sorted(_LAYOUTS)), a))
+        return Instr(kind, fresh(), (rng.choice(sorted(LAYOUTS)), a))
     if kind == "reseed":
         return Instr(kind, fresh(), (rng.choice(["manual_seed", "fork_rng"]), rng.randrange(1000), a))
     if kind == "serialize":

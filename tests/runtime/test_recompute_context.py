@@ -1,0 +1,173 @@
+"""A recomputation runs where the op first ran: autocast, the default dtype, the program's own dispatch modes.
+
+Recomputations happen wherever the core needs the bytes: inside an autocast region, after the program set
+another default dtype, at an escape (``.tolist()``) or at the end of the block. Each test here gave wrong
+values before its fix (Note [What a recomputation restores] in dtr/runtime/recompute.py, Note [Where dtr's
+own work runs] in dtr/runtime/entry.py), on every entry: the dispatch key, the native mode, the reference.
+"""
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+
+torch = pytest.importorskip("torch")
+from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
+
+import dtr  # noqa: E402
+
+N, D = 256, 64
+KIB = 1024
+ENTRIES = {"key": {"entry": "key"}, "mode": {"entry": "mode"}, "reference": {"native": False}}
+
+
+def _budget(kib: int, how: str) -> dtr.budget:
+    return dtr.budget(kib * KIB, cost_model="flops", **ENTRIES[how])
+
+
+def _pressure(rows: int = 4 * N) -> None:
+    t = torch.zeros(rows, D) + 1  # room for this evicts some of what the program holds
+    del t
+
+
+def _evicting(b: dtr.budget) -> None:
+    assert b.stats["evictions"] > 0 and b.stats["remats"] > 0, b.stats
+
+
+@pytest.mark.parametrize("how", sorted(ENTRIES))
+@pytest.mark.parametrize("read", ["end", "tolist", "op"])
+def test_float32_matmuls_recomputed_inside_an_autocast_region_stay_float32(how, read):
+    """Matmuls the program runs with autocast off, inside a bfloat16 region, read again inside it: at the end
+    of the block, through ``.tolist()``, or by an op autocast leaves alone (mul)."""
+    def program():
+        torch.manual_seed(0)
+        x, w = torch.randn(N, D), torch.randn(D, D)
+        with torch.autocast("cpu", enabled=False):
+            ys = [torch.tanh(x * (i + 1)) @ w for i in range(6)]
+        _pressure()
+        if read == "tolist":
+            return ys, [torch.tensor(y.tolist()[0]) for y in ys]
+        if read == "op":
+            return ys, [y[:1] * 0.5 for y in ys]
+        return ys, []
+
+    def run(ctx):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            with ctx:
+                return program()
+
+    want = run(contextlib.nullcontext())
+    b = _budget(732, how)
+    got = run(b)
+    _evicting(b)
+    for a, c in zip(want[0] + want[1], got[0] + got[1]):
+        assert a.dtype == c.dtype and torch.equal(a, c), (a - c).abs().max()
+
+
+@pytest.mark.parametrize("how", sorted(ENTRIES))
+@pytest.mark.parametrize("make", ["rand", "arange", "promoted"])
+def test_tensors_made_under_another_default_dtype_come_back_as_made(how, make):
+    base = torch.arange(N * D).view(N, D)
+    makers = {"rand": lambda: torch.rand(N, D),
+              "arange": lambda: torch.arange(0, N * D * 0.1, 0.1)[: N * D].view(N, D),
+              "promoted": lambda: base * 0.1}  # an integer tensor times a Python float
+
+    def program():
+        torch.manual_seed(0)
+        keep = []
+        for _ in range(4):
+            torch.set_default_dtype(torch.float64)
+            try:
+                keep.append(makers[make]())
+            finally:
+                torch.set_default_dtype(torch.float32)
+            t = torch.zeros(2 * N, D, dtype=torch.float64) + 1
+            del t
+        return keep
+
+    want = program()
+    with _budget(977, how) as b:
+        got = program()
+    _evicting(b)
+    assert torch.get_default_dtype() == torch.float32
+    for a, c in zip(want, got):
+        assert a.dtype == c.dtype == torch.float64 and torch.equal(a, c)
+
+
+class _Scaled(TorchDispatchMode):
+    """The program's own mode: every matmul's result doubled (it changes values)."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        return out * 2 if func is torch.ops.aten.mm.default else out
+
+
+@pytest.mark.parametrize("how", sorted(ENTRIES))
+@pytest.mark.parametrize("read", ["end", "tolist"])
+def test_the_program_s_own_mode_around_the_block_is_in_every_recomputation(how, read):
+    """A mode the program entered before the block changes the matmuls' values; recomputations at the end of
+    the block, or through ``.tolist()`` with the mode still active, must include it, as the first run did."""
+    def program():
+        torch.manual_seed(0)
+        x, w = torch.randn(N, D), torch.randn(D, D)
+        ys = [torch.tanh(x * (i + 1)) @ w for i in range(6)]
+        _pressure()
+        return ys, [torch.tensor(y.tolist()[0]) for y in ys] if read == "tolist" else []
+
+    with _Scaled():
+        want = program()
+    b = _budget(732, how)
+    with _Scaled():
+        with b:
+            got = program()
+    _evicting(b)
+    for a, c in zip(want[0] + want[1], got[0] + got[1]):
+        assert torch.equal(a, c), (a - c).abs().max()
+
+
+@pytest.mark.parametrize("how", sorted(ENTRIES))
+def test_python_functions_over_elements_write_what_a_recomputation_keeps(how):
+    """``apply_``, ``map_`` and ``map2_`` write without a dispatched op: their writes survive eviction, and
+    run on an evicted tensor they see its bytes (they read an empty storage and crashed before)."""
+    def program(check=None):
+        x = torch.ones(N // 4, D)
+        keep = []
+        for i in range(6):
+            y = torch.tanh(x * (i + 1))
+            if i % 3 == 0:
+                y.apply_(lambda v: v + 100.0)
+            elif i % 3 == 1:
+                y.map_(keep[-1], lambda a, b: a + b)
+            else:
+                y.map2_(keep[-1], keep[-2], lambda a, b, c: a + b - c)
+            keep.append(y)
+            _pressure(N)
+        z = torch.tanh(x * 7)
+        _pressure(2 * N)
+        z.apply_(lambda v: v * 2.0)  # z was evicted to make room
+        return [k.clone() for k in keep + [z]]
+
+    want = program()
+    with _budget(370, how) as b:
+        got = program()
+    assert b.stats["evictions"] > 0 and b.stats["remats"] > 0, b.stats
+    assert all(torch.equal(a, c) for a, c in zip(want, got))
+
+
+@pytest.mark.parametrize("how", sorted(ENTRIES))
+def test_an_op_s_prediction_depends_on_the_default_dtype(how, caplog):
+    """The same op on the same arguments allocates twice the bytes under float64: a prediction cached under
+    float32 must not be used for it (its size came out wrong: a warning, and memory counted late)."""
+    base = torch.arange(64 * 64).view(64, 64)
+    with caplog.at_level("WARNING", logger="dtr.runtime"):
+        with _budget(10 ** 4, how) as b:
+            for _ in range(3):
+                a = base * 0.1
+                torch.set_default_dtype(torch.float64)
+                try:
+                    c = base * 0.1
+                finally:
+                    torch.set_default_dtype(torch.float32)
+    assert (a.dtype, c.dtype) == (torch.float32, torch.float64)
+    assert not [r for r in caplog.records if "predicted" in r.getMessage()], caplog.text
+    assert b.stats["peak_bytes"] >= 64 * 64 * (8 + 8 + 4)  # (base, c and a, each counted at its size)
