@@ -378,6 +378,7 @@ class Budget:
         restore, stance = self._restore_escapes, self._stance
         assert restore is not None and stance is not None, "a top-level block restores what it set"
         failed = exc is not None
+        budget_error = isinstance(exc, (OutOfBudgetError, ThrashingError))
         if exc is not None:
             clear_own_frames(exc)  # see Note [Nothing of a failed block stays alive] in failed_blocks.py
         try:
@@ -390,8 +391,8 @@ class Budget:
                 if exc_type is None:
                     try:
                         driver.finish()
-                    except BaseException:
-                        failed = True
+                    except BaseException as e:
+                        failed, budget_error = True, isinstance(e, (OutOfBudgetError, ThrashingError))
                         raise
                 else:  # (see Note [The end of a block] in driver.py; the block's own exception goes on)
                     try:
@@ -415,7 +416,7 @@ class Budget:
                     driver.recorder.close()
                 if self._plans is not None:
                     log = None if self.log_path is None else os.fspath(self.log_path)
-                    self._final.update(self._plans.end(core, self._final, failed, log))
+                    self._final.update(self._plans.end(core, self._final, failed, log, budget_error))
             finally:
                 try:
                     core.set_hooks()

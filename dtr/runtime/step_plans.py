@@ -72,7 +72,18 @@ BACKGROUNDS = ("process", "thread", "inline")
 # - with measured costs, a planned step whose measured recomputation time
 #   strays from the plan's prediction at the step's op speed (Note [A plan's
 #   prediction at the step's speed]) by more than ``drift`` (a fraction)
-#   three steps running is recorded and planned again.
+#   three steps running is recorded and planned again;
+# - a step that ran out of budget (or thrashed) while following its plan, no
+#   op differing, drops that plan: the plan was checked against the recorded
+#   step, and a later step can start with more than that one did (the
+#   optimizer state the recorded step created, when the optimizer runs in the
+#   block, is a constant of every later step from its first op). Its
+#   signature is recorded again from the next step on, which starts as the
+#   steps after it do, and planned from that (the failed step's error goes to
+#   the program, as online DTR's would; plan_errors says why the plan went);
+# - a recorded step whose signature turns out to have a plan already, or to
+#   have been found no better than online, is not planned again, and closing
+#   the budget while a step is planned lets that signature be planned later.
 
 
 @dataclass(frozen=True)
@@ -259,6 +270,7 @@ class StepPlans:
         self._last: Optional[str] = None
         self._follows: Dict[str, str] = {}  # signature -> the one that came after it last time
         self._job: Optional[_Job] = None
+        self._job_signature: Optional[str] = None
         self._dir = tempfile.mkdtemp(prefix="dtr-plans-")
         self._procs: List[subprocess.Popen] = []  # (for the finalizer: it must not hold self)
         self._finalize = weakref.finalize(self, _clean_up, self._dir, self._procs)
@@ -325,7 +337,8 @@ class StepPlans:
             self._finalize = weakref.finalize(self, _clean_up, self._dir, self._procs)
         return self._dir
 
-    def end(self, core: Core, stats: Dict[str, Any], failed: bool, log: Optional[str] = None) -> Dict[str, Any]:
+    def end(self, core: Core, stats: Dict[str, Any], failed: bool, log: Optional[str] = None,
+            out_of_budget: bool = False) -> Dict[str, Any]:
         """Close a step: its signature, what it followed, and planning what it recorded.
 
         Args:
@@ -333,6 +346,7 @@ class StepPlans:
             stats: the block's stats.
             failed: whether the block raised.
             log: where the step's log was written, when the user asked for one (a copy is planned).
+            out_of_budget: whether it raised OutOfBudgetError or ThrashingError (Note [Planned steps]).
 
         Returns:
             The step's plan fields (added to the block's stats).
@@ -361,22 +375,30 @@ class StepPlans:
                   if plan and plan.cost_unit in _SECONDS else None,
                   "remat_overhead_seconds": overhead,
                   **_at_step_speed(plan if mode == "planned" else None, stats, overhead)}
-        self.seen[sig] += 1
-        if self._last is not None:
-            if len(self._follows) >= _MAX_FOLLOWS and self._last not in self._follows:
-                self._follows.clear()  # (a loop whose every step differs: bounded)
-            self._follows[self._last] = sig
-        self._last = sig
+        if not failed:  # (a failed step stopped short: its signature is no step shape of the loop)
+            self.seen[sig] += 1
+            if self._last is not None:
+                if len(self._follows) >= _MAX_FOLLOWS and self._last not in self._follows:
+                    self._follows.clear()  # (a loop whose every step differs: bounded)
+                self._follows[self._last] = sig
+            self._last = sig
         if mode == "planned" and plan is not None:
             self._check_drift(plan, stats, fields["expected_remat_seconds"])
+        if out_of_budget and plan is not None and diverged < 0:  # (see Note [Planned steps])
+            self.plans.pop(plan.signature, None)
+            self.tried.discard(plan.signature)
+            self.seen[plan.signature] = max(self.seen[plan.signature], self.policy.repeat)
+            self.errors.append(f"the plan for {plan.signature} ({plan.planner}) ran out of budget at op "
+                               f"{followed} of {length}; it was dropped, and the steps are recorded and planned again")
         if self._recording is not None:
             if log is not None and not failed:
                 shutil.copyfile(log, self._recording + (".gz" if log.endswith(".gz") else ""))
                 self._recording += ".gz" if log.endswith(".gz") else ""
-            if failed:
+            if failed or sig in self.plans or sig in self.tried:  # (a step like one planned already)
                 _remove(self._recording)
             else:
                 self.tried.add(sig)
+                self._job_signature = sig
                 unit = _SECONDS.get(stats.get("cost_unit", ""))
                 charge = self.remat_overhead_seconds / unit if unit else 0.0
                 self._job = _Job(self.policy, self._recording, self.budget_bytes, self._workdir(), charge)
@@ -435,6 +457,8 @@ class StepPlans:
 
     def close(self) -> None:
         """Stop a planning process still running and remove the work files (also when garbage-collected)."""
+        if self._job is not None:  # (its signature was never planned: it may be, later)
+            self.tried.discard(self._job_signature)
         self._job = None
         self._finalize()
 

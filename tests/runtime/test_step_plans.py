@@ -359,3 +359,48 @@ def test_measured_steps_charge_the_runtime_s_own_time_per_recomputation():
         assert 0 < plan.predicted_remats == s["remats"] < plan.online_remats
         assert s["expected_remat_seconds"] == pytest.approx(
             s["predicted_remat_seconds"] * s["op_time_ratio"] + plan.predicted_remats * s["remat_overhead_seconds"])
+
+
+def test_a_plan_that_runs_out_of_budget_is_dropped_and_made_again():
+    """A step that runs out of budget while following its plan (here the program says so mid-step, as the
+    core would where a later step starts with more than the recorded one did) drops the plan; the steps
+    after it are recorded and planned again (Note [Planned steps])."""
+    m, x, step = _case("mlp")
+    b = budget_at(constant_bytes(m, x), peak_of(step), 0.5)
+    m, x, step = _case("mlp")
+    mem = dtr.budget(b, plan=INLINE, cost_model="flops")
+    for _ in range(2):
+        with mem:
+            step()
+    assert mem.stats["plan"] == "planned", (mem.step_stats, mem.plan_errors)
+    sig = mem.stats["plan_signature"]
+    with pytest.raises(dtr.OutOfBudgetError):
+        with mem:
+            torch.manual_seed(1)
+            m.zero_grad(set_to_none=True)
+            m(x)  # (the step's forward: the plan followed so far, no op differing)
+            raise dtr.OutOfBudgetError(b, b + 1, "simulated")
+    assert sig not in mem.plans and any("ran out of budget" in e for e in mem.plan_errors), mem.plan_errors
+    modes = []
+    for _ in range(3):
+        with mem:
+            step()
+        modes.append(mem.stats["plan"])
+    assert modes == ["recorded", "planned", "planned"], (modes, mem.plan_errors)
+
+
+def test_closing_while_a_step_is_planned_lets_it_be_planned_later():
+    m, x, step = _case("mlp")
+    b = budget_at(constant_bytes(m, x), peak_of(step), 0.5)
+    m, x, step = _case("mlp")
+    mem = dtr.budget(b, plan=PlanPolicy(background="thread", time_limit=6), cost_model="flops")
+    with mem:
+        step()
+    mem.close()  # (the first step's planning is dropped)
+    modes = []
+    for _ in range(4):
+        with mem:
+            step()
+        mem.wait_for_plan(120)
+        modes.append(mem.stats["plan"])
+    assert "recorded" in modes and modes[-1] == "planned", (modes, mem.plan_errors)
