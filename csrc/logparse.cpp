@@ -62,10 +62,16 @@ class Reader {
     if (v.type != JValue::Str) error(std::string("field '") + key + "' must be a string");
     return v.str;
   }
-  // A number, or (simrd) a number written as a string.
+  // A number, or (simrd only) a number written as a string: simrd's logs write
+  // TIME and MEMORY as strings; a v1 log writes JSON numbers, and a string there
+  // is a field of the wrong type (docs/log-format.md, Checks).
+  bool strings_as_numbers = false;
   double num_field(const JValue& o, const char* key) const { return as_num(field(o, key), key); }
   double as_num(const JValue& v, const char* key) const {
     if (v.type == JValue::Num) return v.num;
+    if (!strings_as_numbers)
+      error(std::string("field '") + key + "' must be a number" +
+            (v.type == JValue::Str ? " (write it without quotes)" : ""));
     if (v.type == JValue::Str && !v.str.empty() &&
         v.str.find_first_not_of("0123456789.eE+-") == std::string::npos) {  // no hex, inf, nan or spaces
       char* end = nullptr;
@@ -213,15 +219,24 @@ class V1Reader {
     if (it == table.end())
       r_.error("unknown op " + quote(op) + " (valid: meta, constant, call, mutate, copy, copyfrom, release, pin, protect, collect)");
     (this->*(it->second))(o);
-    seen_instr_ = seen_instr_ || op != "meta";
+    if (!first_line_) first_line_ = r_.line;
   }
 
  private:
   Reader& r_;
-  bool seen_instr_ = false;
+  int first_line_ = 0;  // the line of the log's first instruction (0: none read yet)
+  int meta_line_ = 0;   // the meta line's line (0: none)
 
   void meta(const JValue& o) {
-    if (seen_instr_) r_.error("the 'meta' line must come first");
+    // Only the first line's meta is read (parse_log keeps it in meta_json); a
+    // later one, even a second meta line, would be ignored, so it is refused.
+    if (meta_line_)
+      r_.error("a second 'meta' line (the first is line " + std::to_string(meta_line_) +
+               "): a log has at most one, as its first line");
+    if (first_line_)
+      r_.error("the 'meta' line must be the log's first line (line " + std::to_string(first_line_) +
+               " comes before it): move it to the top");
+    meta_line_ = r_.line;
     if (const JValue* v = o.get("version")) {
       if (v->type != JValue::Num || v->num != 1) r_.error("unsupported log version (this reader knows version 1)");
     }
@@ -251,7 +266,8 @@ class V1Reader {
       r_.error("'aliases' must be a list with one entry (null or an input id) per output");
     for (const auto& i : inputs) ins.in.push_back(r_.use(i));
     for (size_t k = 0; k < outputs.size(); ++k) {
-      ins.sizes.push_back(r_.size_value(r_.as_num(sizes.arr[k], "sizes"), "sizes"));
+      if (sizes.arr[k].type != JValue::Num) r_.error("'sizes' must be a list of numbers (bytes), without quotes");
+      ins.sizes.push_back(r_.size_value(sizes.arr[k].num, "sizes"));
       const JValue& a = aliases.arr[k];
       if (a.type == JValue::Null) {
         ins.aliases.push_back(-1);
@@ -512,6 +528,7 @@ Program parse_log(const std::string& text) {
     }
   } else {
     bool has_start = text.find("\"START\"") != std::string::npos;
+    reader.strings_as_numbers = true;
     SimrdReader sr(reader, has_start);
     for (size_t k = first; k < lines.size(); ++k) {
       if (blank(lines[k])) continue;

@@ -96,6 +96,14 @@ BAD_LINES = [
      "not an argument index"),
     ('{"INSTRUCTION": "COPY", "DST": "b", "SRC": "nope"}\n', 1, "unknown id 'nope'"),
     ('["not", "an", "object"]\n', 1, "not a dtr log"),
+    ('{"op": "meta", "version": 1, "cost_unit": "flop"}\n{"op": "meta", "version": 1, "cost_unit": "ns"}\n', 2,
+     "a second 'meta' line (the first is line 1)"),
+    ('{"op": "constant", "id": "a", "size": 1}\n{"op": "meta", "version": 1}\n', 2, "must be the log's first line"),
+    ('{"op": "constant", "id": "a", "size": "5"}\n', 1, "field 'size' must be a number"),
+    ('{"op": "constant", "id": "a", "size": 1}\n{"op": "call", "name": "f", "inputs": ["a"], "outputs": ["b"], '
+     '"sizes": [1], "aliases": [null], "cost": "1"}\n', 2, "field 'cost' must be a number"),
+    ('{"op": "constant", "id": "a", "size": 1}\n{"op": "call", "name": "f", "inputs": ["a"], "outputs": ["b"], '
+     '"sizes": ["1"], "aliases": [null], "cost": 1}\n', 2, "'sizes' must be a list of numbers"),
     ('\n\n', 0, "empty"),
 ]
 
