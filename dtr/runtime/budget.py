@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import gc
-import json
 import os
 import threading
 import warnings
@@ -21,7 +20,7 @@ from dtr.runtime.escapes import patch_escapes
 from dtr.runtime.failed_blocks import clear_own_frames, remember_left, settle_left
 from dtr.runtime.native import key_active as _key_active
 from dtr.runtime.native import use_entry, use_native
-from dtr.runtime.recorder import LogRecorder
+from dtr.runtime.recorder import LogRecorder, check_meta
 from dtr.runtime.step_plans import PlanPolicy, StepPlans, plan_policy
 from dtr.semantics import RUNTIME, check_thrash_limit
 from dtr.sim.step_plan import StepPlan
@@ -138,11 +137,9 @@ class Budget:
         self.cost_model = get_cost_model(cost_model)
         self.thrash_limit = check_thrash_limit(thrash_limit)  # math.inf: no limit
         self.log_path = log
-        self.log_meta = dict(log_meta or {})
-        try:  # before any file is written: a log whose meta line cannot be written is refused whole
-            json.dumps(self.log_meta)
-        except (TypeError, ValueError) as e:
-            raise TypeError(f"log_meta must hold JSON values only (it becomes the log's meta line): {e}") from None
+        # Before any file is written: a log whose meta line the reader would refuse is refused whole.
+        self.log_meta = check_meta(log_meta, reserved=("cost_unit", "budget_bytes", "heuristic", "recorded_by",
+                                                       *RUNTIME.to_meta()))
         if not isinstance(eqclass_split, bool):
             raise TypeError(f"eqclass_split must be True or False, not {eqclass_split!r}")
         self.semantics = RUNTIME.replace(eqclass_split=eqclass_split)

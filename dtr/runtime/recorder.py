@@ -10,11 +10,52 @@ import gzip
 import io
 import json
 import os
+from collections.abc import Mapping
 from typing import Sequence
 
 import torch
 
-__all__ = ["LogRecorder"]
+__all__ = ["LogRecorder", "OWN_META", "check_meta"]
+
+#: The meta line's fields the recorder writes itself: extra fields may not set them.
+OWN_META = ("op", "version", "torch")
+
+
+def check_meta(meta: object, reserved: Sequence[str] = ()) -> dict:
+    """Extra fields for the log's meta line (``dtr.budget``'s ``log_meta``), checked: what the reader will take.
+
+    Args:
+        meta: a mapping of field names to JSON values, or None (no fields).
+        reserved: fields the caller writes itself, besides :data:`OWN_META`.
+
+    Returns:
+        The fields, as a new dict.
+
+    Raises:
+        TypeError: ``meta`` is not a mapping, a key is not a string, or a value is not JSON.
+        ValueError: a key the log writes itself, or a number that is not finite (NaN, infinity).
+    """
+    if meta is None:
+        return {}
+    if not isinstance(meta, Mapping):
+        raise TypeError(f"log_meta must be a dict of extra fields for the log's meta line (e.g. "
+                        f"{{'model': 'gpt'}}), not {type(meta).__name__}")
+    own = (*OWN_META, *reserved)
+    for key, value in meta.items():
+        if not isinstance(key, str):
+            raise TypeError(f"log_meta's keys must be strings (the meta line's field names), not {key!r}")
+        if key in own:
+            raise ValueError(f"log_meta[{key!r}]: the log writes {key!r} itself; use another name (the meta "
+                             f"line's own fields: {', '.join(own)})")
+        try:
+            json.dumps(value, allow_nan=False)
+        except TypeError as e:
+            raise TypeError(f"log_meta must hold JSON values only (it becomes the log's meta line): "
+                            f"log_meta[{key!r}]: {e}") from None
+        except ValueError as e:  # NaN or an infinity (JSON has none), or a circular reference
+            raise ValueError(f"log_meta[{key!r}] cannot be written as JSON ({e}): its numbers must be finite, "
+                             f"as the log's reader requires") from None
+    return dict(meta)
 
 
 def _id(handle: int) -> str:
@@ -31,6 +72,7 @@ class LogRecorder:
     """
 
     def __init__(self, path: str | os.PathLike, meta: dict):
+        meta = check_meta(meta)  # before the file is opened: a meta line the reader refuses is never written
         path = os.fspath(path)
         raw = gzip.open(path, "wt") if path.endswith(".gz") else open(path, "w")
         self._f: io.TextIOBase = raw
