@@ -10,6 +10,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import stat
 import zlib
 from dataclasses import dataclass
 from typing import Iterator, NamedTuple, Optional, Tuple
@@ -94,24 +95,52 @@ class Log:
                 mutated=tuple(in_ids[j] for j in mutated), inplace=bool(inplace))
 
 
+#: What a path that is neither a file nor a pipe is, by its stat type.
+_NOT_A_FILE = ((stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+
+
 def read_bytes(path: str | os.PathLike) -> bytes:
     """The decompressed bytes of a log file (gzip detected by its magic number).
 
+    A log is a regular file or a pipe (``<(zcat log.gz)``); a device such as
+    ``/dev/zero`` or ``/dev/tty`` is refused before anything is read from it.
+
+    Args:
+        path: the log's path.
+
+    Returns:
+        The bytes of the log, decompressed if it is gzip.
+
     Raises:
-        LogFormatError: the file is missing, unreadable or a corrupt gzip file.
+        LogFormatError: the file is missing, unreadable, not a file or a pipe,
+            a corrupt gzip file, or too large to hold in memory.
     """
     path = os.fspath(path)
     try:
         with open(path, "rb") as f:
+            mode = os.fstat(f.fileno()).st_mode
+            kind = next((what for test, what in _NOT_A_FILE if test(mode)), None)
+            if kind is not None:
+                raise LogFormatError(path, 0, f"not a log file: this is {kind}; give a log file (or a pipe)")
             data = f.read()
     except OSError as e:
         raise LogFormatError(path, 0, f"cannot read the log: {e.strerror or e}") from None
+    except MemoryError:
+        raise _too_large(path, "reading it") from None
     if data[:2] == b"\x1f\x8b":
         try:
             data = gzip.decompress(data)
         except (OSError, EOFError, zlib.error) as e:
             raise LogFormatError(path, 0, f"corrupt gzip file: {e}") from None
+        except MemoryError:
+            raise _too_large(path, f"decompressing its {len(data)} bytes") from None
     return data
+
+
+def _too_large(path: str, doing: str) -> LogFormatError:
+    """The error for a log that ran out of memory while ``doing`` (a sentence's middle)."""
+    return LogFormatError(path, 0, f"the log does not fit in memory (out of memory {doing}): is it the log "
+                                   f"you meant? Replay a smaller one, or on a machine with more memory")
 
 
 def read_log(path: str | os.PathLike) -> Log:
@@ -142,6 +171,8 @@ def _parse(data: bytes, path: str) -> Log:
     except RawLogError as e:
         line, reason = e.args
         raise LogFormatError(path, line, reason) from None
+    except MemoryError:
+        raise _too_large(path, f"parsing its {len(data)} bytes") from None
     meta: dict = {}
     semantics = SIMRD
     if program.meta_json:
