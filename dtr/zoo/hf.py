@@ -58,7 +58,10 @@ def hf_gpt2(vocab_size: int = 1000, n_embd: int = 128, n_layer: int = 4, n_head:
 
     Raises:
         ImportError: ``transformers`` is not installed.
+        ValueError: ``attn_implementation`` is neither ``"eager"`` nor ``"sdpa"``.
     """
+    if attn_implementation not in ("eager", "sdpa"):
+        raise ValueError(f"attn_implementation must be 'eager' or 'sdpa' (got {attn_implementation!r})")
     transformers = _transformers()
     config = transformers.GPT2Config(vocab_size=vocab_size, n_positions=seq_len, n_embd=n_embd, n_layer=n_layer,
                                      n_head=n_head, resid_pdrop=dropout, embd_pdrop=dropout, attn_pdrop=dropout,

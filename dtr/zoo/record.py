@@ -21,7 +21,7 @@ from torch.utils._pytree import tree_map
 
 from dtr.errors import DtrError
 from dtr.runtime.budget import budget, check_device
-from dtr.zoo.registry import get_model
+from dtr.zoo.registry import check_options, get_model
 
 __all__ = ["MANIFEST_NAME", "record_model", "update_manifest", "count_lines"]
 
@@ -65,11 +65,19 @@ def record_model(model: str, output: str, *, batch: int = 8, seed: int = 0, cost
         raise DtrError(f"the number of warm-up steps must be >= 0 (got {warmup})")
     options = dict(options or {})
     try:
+        if "seed" in options:
+            raise ValueError(f"bad option for {model}: the seed is not a model option: give it as seed= "
+                             f"(dtr-sim record --seed)")
+        check_options(model, options)  # names the option and what it takes (or the valid names)
+    except (TypeError, ValueError) as e:
+        raise DtrError(str(e)) from None
+    try:
         zm = get_model(model, seed=seed, **options)
     except ImportError as e:
         raise DtrError(str(e)) from None
-    except TypeError as e:
-        raise DtrError(f"bad option for {model}: {e}") from None
+    except (TypeError, ValueError, RuntimeError) as e:  # the factory's own checks (or torch's) on these options
+        shown = ", ".join(f"{k}={v!r}" for k, v in options.items()) or "the defaults"
+        raise DtrError(f"bad option for {model} ({shown}): {e}") from None
     try:
         dev = check_device(device)
     except ValueError as e:

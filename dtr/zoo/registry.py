@@ -1,6 +1,8 @@
 """The zoo's registry: model factories registered by name with :func:`register_model`."""
 from __future__ import annotations
 
+import inspect
+import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, List, Mapping, Tuple, TypeVar
 
@@ -9,7 +11,8 @@ from torch import nn
 
 from dtr.registry import Registry
 
-__all__ = ["ZooModel", "register_model", "get_model", "model_names", "BatchFn", "LossFn", "seeded", "param_count"]
+__all__ = ["ZooModel", "register_model", "get_model", "model_names", "model_options", "check_options", "BatchFn",
+           "LossFn", "seeded", "param_count"]
 
 BatchFn = Callable[[int, int], Tuple[Any, Any]]
 """``batch(batch_size, seed) -> (inputs, targets)``: a deterministic synthetic batch."""
@@ -66,6 +69,63 @@ def model_names() -> List[str]:
     return _FACTORIES.names()
 
 
+def model_options(name: str) -> Mapping[str, Any]:
+    """The options of zoo model ``name`` and their defaults (its factory's keyword arguments).
+
+    Raises:
+        ValueError: ``name`` is not registered (the message lists the valid names).
+    """
+    params = inspect.signature(_FACTORIES.get(name)).parameters.values()
+    return {p.name: p.default for p in params if p.default is not inspect.Parameter.empty}
+
+
+# Note [Checking a zoo model's options]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# An option's default says what it is: a whole number (a size, a count: at
+# least 1; the seed: at least 0), a number (finite; a dropout probability
+# from 0 to 1) or a string. Checking that here, before the factory runs,
+# gives an error that names the option and what it takes, where torch would
+# fail later with an error about a tensor's shape (or, for a count such as
+# n_layers=-1, not at all). What only one model knows (divisibility, a
+# depth of the form 6n + 2) its factory checks, raising ValueError.
+
+def check_options(name: str, options: Mapping[str, Any]) -> None:
+    """Check ``options`` for zoo model ``name`` (Note [Checking a zoo model's options]).
+
+    Args:
+        name: a registered model name.
+        options: keyword arguments for its factory.
+
+    Raises:
+        ValueError: ``name`` is not registered, an option it does not take (the
+            message lists the ones it does), or a value out of range.
+        TypeError: a value of the wrong type (the message says which).
+    """
+    known = model_options(name)
+    for key, value in options.items():
+        if key not in known:
+            shown = ", ".join(k for k in known if k != "seed")  # (the seed has its own argument: --seed)
+            raise ValueError(f"bad option for {name}: no option {key!r} (its options: {shown})")
+        default = known[key]
+        what = f"bad option for {name}: {key}"
+        if isinstance(default, bool):
+            if not isinstance(value, bool):
+                raise TypeError(f"{what} must be true or false (got {value!r})")
+        elif isinstance(default, int):
+            low = 0 if key == "seed" else 1
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise TypeError(f"{what} must be a whole number >= {low} (got {value!r})")
+            if value < low:
+                raise ValueError(f"{what} must be a whole number >= {low} (got {value})")
+        elif isinstance(default, float):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise TypeError(f"{what} must be a finite number (got {value!r})")
+            if "dropout" in key and not 0 <= value <= 1:
+                raise ValueError(f"{what} is a probability: from 0 to 1 (got {value})")
+        elif isinstance(default, str) and not isinstance(value, str):
+            raise TypeError(f"{what} must be a string (got {value!r})")
+
+
 def get_model(name: str, **options: Any) -> ZooModel:
     """Build the zoo model ``name``.
 
@@ -80,11 +140,14 @@ def get_model(name: str, **options: Any) -> ZooModel:
 
     Raises:
         ValueError: ``name`` is not registered (the message lists the valid
-            names).
-        TypeError: an option the factory does not take.
+            names), an option it does not take (the message lists the ones it
+            does), or a value out of range (:func:`check_options`, and the
+            factory's own checks).
+        TypeError: an option's value of the wrong type.
         ImportError: an optional dependency of the model is missing
             (``transformers`` for ``hf-gpt2``).
     """
+    check_options(name, options)
     return _FACTORIES.get(name)(**options)
 
 

@@ -104,3 +104,25 @@ class _Unreadable:
 
     def read(self):
         raise MemoryError()
+
+
+# --- dtr-sim record's model options ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("option,what", [
+    ("seq_len=-5", "bad option for gpt: seq_len must be a whole number >= 1 (got -5)"),
+    ("d_model=0", "bad option for gpt: d_model must be a whole number >= 1 (got 0)"),
+    ("n_layers=-1", "bad option for gpt: n_layers must be a whole number >= 1 (got -1)"),
+    ("n_layers=2.5", "bad option for gpt: n_layers must be a whole number >= 1 (got 2.5)"),
+    ("dropout=1.5", "bad option for gpt: dropout is a probability: from 0 to 1 (got 1.5)"),
+    ("depth=40", "bad option for gpt: no option 'depth' (its options: vocab_size, d_model, n_layers, n_heads, "
+                 "seq_len, dropout)"),
+    ("seed=3", "--seed"),
+    ("d_model=130", "bad option for gpt (d_model=130): d_model (130) must be a multiple of n_heads (4)"),
+])
+def test_record_options_name_the_option_and_what_it_takes(capsys, tmp_path, option, what):
+    pytest.importorskip("torch")
+    out_log = tmp_path / "gpt.jsonl"
+    status, out, err = run(capsys, "record", "gpt", "-o", out_log, "--batch", "1", "--set", option)
+    assert status == 2 and out == "" and what in error_line(err), err
+    assert not out_log.exists()
