@@ -5,17 +5,50 @@ Both print the same summary (or, with --json, :meth:`dtr.sim.ReplayResult.to_dic
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
-from dtr.cli.common import add_budget_option, add_heuristic_options, command, emit_json, heuristic_from_args
+from dtr.cli.common import (
+    add_budget_option,
+    add_heuristic_options,
+    command,
+    emit_json,
+    heuristic_from_args,
+    positive_seconds,
+)
 from dtr.errors import DtrError
 from dtr.sim.chain import MAX_CHAIN
 from dtr.units import format_bytes
 
+if TYPE_CHECKING:
+    from dtr.sim.logs import Log
+
 __all__ = ["COMMANDS"]
 
 
-def _summary(d: dict) -> str:
-    """The human-readable summary of a replay's dict (one field a line)."""
+def _stopped(d: dict, base_ops: int) -> str:
+    """Which of the thrash limit's two allowances a replay that stopped (``thrash``) passed, in words.
+
+    Args:
+        d: the replay's dict.
+        base_ops: the ops of the log (calls and mutations), the count allowance's base.
+
+    Returns:
+        What passed what (Note [The thrash limit] in :mod:`dtr.semantics`), one line.
+    """
+    from dtr.semantics import remat_allowance, remat_count_allowance
+    x, unit = d["thrash_limit"], d.get("cost_unit", "")
+    allowed, n_allowed = remat_allowance(x, d["base_compute"]), remat_count_allowance(x, base_ops)
+    why = []
+    if d["remat_compute"] > allowed:
+        why.append(f"recomputed {d['remat_compute']:g} {unit}, more than ({x:g} - 1) x the log's "
+                   f"{d['base_compute']:g} {unit}")
+    if d["remats"] > n_allowed:
+        why.append(f"{d['remats']} recomputations, more than ({x:g} - 1) x the log's {base_ops} ops")
+    return f"thrash limit {x:g}: " + ("; ".join(why) or "recomputation passed its allowance")
+
+
+def _summary(d: dict, base_ops: int = 0) -> str:
+    """The human-readable summary of a replay's dict (one field a line); ``base_ops``: the log's ops."""
     from dtr.core import ReplayStatus
     budget = "none" if d["budget_bytes"] is None else format_bytes(d["budget_bytes"])
     if d["budget_bytes"] is not None and d["budget_bytes"] >= 1024:
@@ -45,17 +78,16 @@ def _summary(d: dict) -> str:
         lines.append(f"needed         at least {format_bytes(d['needed_bytes'])} ({d['needed_bytes']} B) "
                      f"resident at once (log line {d.get('failed_line') or 'end'})")
     if d["status"] == ReplayStatus.THRASH:
-        lines.append(f"stopped        total compute passed {d['thrash_limit']}x base "
-                     f"(log line {d.get('failed_line') or 'end'})")
+        lines.append(f"stopped        {_stopped(d, base_ops)} (log line {d.get('failed_line') or 'end'})")
     return "\n".join(lines)
 
 
-def _emit(args: argparse.Namespace, d: dict) -> None:
-    """Print ``d`` as JSON (--json) or as the summary."""
+def _emit(args: argparse.Namespace, d: dict, log: Log) -> None:
+    """Print ``d``, the replay of ``log``, as JSON (--json) or as the summary."""
     if args.json:
         emit_json(d)
     else:
-        print(_summary(d))
+        print(_summary(d, log.program.base_ops()))
 
 
 def _replay_args(r: argparse.ArgumentParser) -> None:
@@ -65,25 +97,32 @@ def _replay_args(r: argparse.ArgumentParser) -> None:
     r.add_argument("--plan", metavar="PLANNER|FILE", default=None,
                    help="follow a plan (docs/planned-steps.md): a planner's name plans the log itself at the budget "
                         "(auto: the best of lookahead and hierarchical), a file is a plan saved with --save-plan")
-    r.add_argument("--plan-time-limit", type=float, default=30.0, metavar="SECONDS",
+    r.add_argument("--plan-time-limit", type=positive_seconds, default=30.0, metavar="SECONDS",
                    help="the planners' time limit with --plan PLANNER (default 30)")
-    r.add_argument("--save-plan", metavar="FILE", default=None, help="write the plan --plan made to FILE")
+    r.add_argument("--save-plan", metavar="FILE", default=None,
+                   help="write the plan --plan PLANNER made to FILE")
     add_heuristic_options(r)
 
 
 @command("replay", "replay a log (v1 or simrd, gzip or not)", _replay_args)
 def replay_command(args: argparse.Namespace) -> int:
     """Replay one log under --budget with the chosen heuristic."""
+    from dtr.sim.logs import read_log
     from dtr.sim.replay import replay
-    log, plan, note = args.log, None, None
+    if args.save_plan is not None and args.plan is None:
+        raise DtrError("--save-plan needs --plan PLANNER (such as --plan auto): it writes the plan that planner "
+                       "makes; add one, or leave out --save-plan")
+    plan, note = None, None
     if args.plan is not None:
         log, plan, note = _plan_for(args)
+    else:
+        log = read_log(args.log)
     res = replay(log, heuristic_from_args(args), args.budget, thrash_limit=args.thrash_limit,
                  banish=args.banish, seed=args.seed, sample=args.sample, plan=plan)
     d = res.to_dict()
     if note is not None:
         d["plan_note"] = note
-    _emit(args, d)
+    _emit(args, d, log)
     return 0
 
 
@@ -100,6 +139,9 @@ def _plan_for(args: argparse.Namespace):
         if not os.path.exists(args.plan):
             raise DtrError(f"--plan {args.plan!r} is neither a planner ({AUTO}, {', '.join(planner_names())}) nor "
                            f"a plan file")
+        if args.save_plan is not None:
+            raise DtrError(f"--save-plan needs --plan PLANNER: --plan {args.plan!r} is a plan file, so no plan is "
+                           f"made to save")
         return log, load_step_plan(args.plan), None
     budget = resolve_budget(args.budget, baseline(log)["peak_memory"])
     if budget is None:
@@ -141,7 +183,7 @@ def chain_command(args: argparse.Namespace) -> int:
                  banish=not args.eager, seed=args.seed, sample=args.sample)
     d = res.to_dict()
     d.update(n=args.n, extra_compute=res.total_compute - res.base_compute)
-    _emit(args, d)
+    _emit(args, d, log)
     return 0
 
 

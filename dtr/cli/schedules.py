@@ -39,8 +39,14 @@ def export_command(args: argparse.Namespace) -> int:
     budget = resolve_budget(args.budget, baseline(log)["peak_memory"])
     ex = export_schedule(log, heuristic_from_args(args), budget, thrash_limit=args.thrash_limit, seed=args.seed,
                          sample=args.sample)
+    if ex.status == ReplayStatus.OOM:
+        raise DtrError(f"the simulator stopped (oom) at budget {budget} bytes (log line {ex.failed_line or 'end'}): "
+                       f"at least {ex.needed_bytes} bytes had to be resident at once, so there is no complete "
+                       f"schedule to export; raise --budget to at least {ex.needed_bytes}")
     if ex.status != ReplayStatus.OK:
-        raise DtrError(f"the simulator stopped ({ex.status}) at budget {budget} bytes: no complete schedule to export")
+        raise DtrError(f"the simulator stopped ({ex.status}) at budget {budget} bytes (log line "
+                       f"{ex.failed_line or 'end'}): recomputation passed --thrash-limit {args.thrash_limit:g}, so "
+                       f"there is no complete schedule to export; raise the budget or the thrash limit")
     ev = evaluate(ex.graph, ex.schedule.steps, budget)
     save_schedule(ex.schedule, args.output)
     d = {"log": args.log, "heuristic": ex.schedule.meta["planner"], "budget_bytes": budget, "output": args.output,
@@ -82,6 +88,7 @@ def compare_command(args: argparse.Namespace) -> int:
     from dtr.sim.compare import budget_range, compare, format_rows, plot_rows
     from dtr.sim.logs import read_log
     from dtr.sim.planners import PlanOptions, get_planner
+    from dtr.sim.plot import check_figure_path
     from dtr.sim.replay import baseline, budget_from_ratio, resolve_budget
     names = planner_names() if args.planners == "all" else [x.strip() for x in args.planners.split(",") if x.strip()]
     for n in names:
@@ -89,8 +96,8 @@ def compare_command(args: argparse.Namespace) -> int:
     heur = [] if args.heuristics == "none" else [x.strip() for x in args.heuristics.split(",") if x.strip()]
     if args.plot and not args.budgets:
         raise DtrError("--plot needs --budgets START:STOP:STEP")
-    if not args.time_limit > 0:
-        raise DtrError("--time-limit must be positive")
+    if args.plot:  # before the planners run, not after
+        check_figure_path(args.plot)
     log = read_log(args.log)
     peak0 = baseline(log)["peak_memory"]
     if args.budgets:

@@ -31,6 +31,8 @@ class Export:
         peak_bytes: the simulator's peak memory.
         total_compute: the simulator's base + remat compute.
         budget_bytes: the budget.
+        needed_bytes: for ``oom``, bytes that had to be resident when the run failed (None otherwise).
+        failed_line: for ``oom``/``thrash``, the log line being replayed (0: the output condition at the end).
     """
 
     graph: Graph
@@ -39,6 +41,8 @@ class Export:
     peak_bytes: int
     total_compute: float
     budget_bytes: Optional[int]
+    needed_bytes: Optional[int] = None
+    failed_line: Optional[int] = None
 
 
 # Note [Exporting a DTR run]
@@ -101,7 +105,9 @@ def export_schedule(log: Union[Log, str], heuristic: Union[Heuristic, str] = "eq
     meta = {"log": g.name, "planner": h.name, "budget_bytes": budget, "status": raw["status"]}
     return Export(graph=g, schedule=Schedule(steps=steps, meta=meta), status=raw["status"],
                   peak_bytes=int(raw["peak_memory"]), total_compute=raw["base_compute"] + raw["remat_compute"],
-                  budget_bytes=budget)
+                  budget_bytes=budget,
+                  needed_bytes=int(raw["needed_bytes"]) if raw["status"] == ReplayStatus.OOM else None,
+                  failed_line=int(raw["failed_line"]) if raw["status"] != ReplayStatus.OK else None)
 
 
 def _check_same_ids(g: Graph, raw: dict, budget: Optional[int]) -> None:

@@ -25,7 +25,7 @@ from dtr.sim.graph import Graph, PlanGraph
 
 __all__ = ["COMPUTE", "FREE", "Step", "Schedule", "Evaluation", "ScheduleError", "evaluate", "sequence_steps",
            "sequence_profile", "in_place_frees", "expand", "plan_schedule", "load_schedule", "save_schedule",
-           "out_of_order"]
+           "named_os_error", "out_of_order"]
 
 COMPUTE = "compute"
 FREE = "free"
@@ -389,14 +389,29 @@ def plan_schedule(pg: PlanGraph, seq: Sequence[int], meta: Optional[dict] = None
 
 
 def save_schedule(schedule: Schedule, path: str | os.PathLike) -> None:
-    """Write a schedule as JSON (one step per line, readable with diff)."""
+    """Write a schedule as JSON (one step per line, readable with diff).
+
+    Raises:
+        OSError: the file cannot be written; its ``filename`` is ``path`` (a
+            failed write names no file of its own).
+    """
     doc = schedule.to_json()
     steps = doc.pop("steps")
     head = json.dumps(doc)[:-1]
-    with open(path, "w") as f:
-        f.write(head + (', ' if doc else '') + '"steps": [\n')
-        f.write(",\n".join(json.dumps(s) for s in steps))
-        f.write("\n]}\n")
+    try:
+        with open(path, "w") as f:
+            f.write(head + (', ' if doc else '') + '"steps": [\n')
+            f.write(",\n".join(json.dumps(s) for s in steps))
+            f.write("\n]}\n")
+    except OSError as e:
+        raise named_os_error(e, path) from None
+
+
+def named_os_error(e: OSError, path: str | os.PathLike) -> OSError:
+    """``e`` with ``path`` as its file name where it names none (a write or a close that failed)."""
+    if e.filename is not None:
+        return e
+    return OSError(e.errno, e.strerror or str(e), os.fspath(path))
 
 
 def load_schedule(path: str | os.PathLike) -> Schedule:

@@ -26,7 +26,7 @@ from dtr.heuristics import get_heuristic
 from dtr.sim.graph import Graph, PlanGraph, PlanGraphError, graph_from_log, plan_graph
 from dtr.sim.logs import Log, parse_text, read_bytes, read_log
 from dtr.sim.planners import PlanOptions, PlanResult, planner_names, run_planner
-from dtr.sim.schedule import COMPUTE, evaluate, out_of_order, plan_schedule
+from dtr.sim.schedule import COMPUTE, evaluate, named_os_error, out_of_order, plan_schedule
 
 __all__ = ["StepPlan", "StepPlanError", "make_step_plan", "later_step_log", "step_signature", "log_fingerprints",
            "load_step_plan", "save_step_plan", "DEFAULT_PLANNER", "AUTO", "AUTO_PLANNERS", "EVICT", "RECOMPUTE"]
@@ -308,9 +308,13 @@ def make_step_plan(log: Union[Log, str, os.PathLike], budget: int, planner: str 
             cost of a recomputation]). 0 for costs that are not measured times.
 
     Raises:
-        ValueError: an unknown planner (the message lists the valid ones).
+        ValueError: an unknown planner (the message lists the valid ones), or a time limit that is not a
+            finite number of seconds > 0.
         LogFormatError: ``log`` is a path to a bad log.
     """
+    if isinstance(time_limit, bool) or not isinstance(time_limit, (int, float)) or not (
+            math.isfinite(time_limit) and time_limit > 0):
+        raise ValueError(f"the time limit must be a finite number of seconds > 0, not {time_limit!r}")
     names = AUTO_PLANNERS if planner == AUTO else (planner,)
     for name in names:
         if name not in planner_names():
@@ -521,10 +525,17 @@ def _by_ordinal(g: Graph, at: Sequence[List[Tuple[int, int, int]]]
 
 
 def save_step_plan(plan: StepPlan, path: Union[str, os.PathLike]) -> None:
-    """Write a plan as JSON (``dtr-sim replay --plan FILE`` reads it)."""
-    with open(path, "w") as f:
-        json.dump(plan.to_json(), f)
-        f.write("\n")
+    """Write a plan as JSON (``dtr-sim replay --plan FILE`` reads it).
+
+    Raises:
+        OSError: the file cannot be written (its ``filename`` is ``path``).
+    """
+    try:
+        with open(path, "w") as f:
+            json.dump(plan.to_json(), f)
+            f.write("\n")
+    except OSError as e:
+        raise named_os_error(e, path) from None
 
 
 def load_step_plan(path: Union[str, os.PathLike]) -> StepPlan:

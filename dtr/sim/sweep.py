@@ -107,7 +107,10 @@ def parse_ratios(spec: str) -> List[float]:
             x = float(part)
         except ValueError:
             raise ValueError(f"bad budget ratios {spec!r}: {part.strip()!r} is not a number; {form}") from None
-        if not math.isfinite(x) or x <= 0:
+        if not math.isfinite(x):
+            why = "too large for a float" if math.isinf(x) else "not a number"
+            raise ValueError(f"bad budget ratios {spec!r}: {part.strip()!r} is not finite ({why}); {form}")
+        if x <= 0:
             raise ValueError(f"bad budget ratios {spec!r}: {part.strip()!r} is not > 0; {form}")
         return x
 

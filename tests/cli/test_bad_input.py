@@ -37,6 +37,81 @@ def error_line(err: str) -> str:
     return lines[0]
 
 
+# --- time limits -------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("value", ["inf", "nan", "-1", "0", "soon"])
+@pytest.mark.parametrize("argv", [
+    ["replay", "{small}", "--budget", "35", "--plan", "checkmate", "--plan-time-limit"],
+    ["compare", "{small}", "--budget", "35", "--time-limit"],
+])
+def test_every_time_limit_is_a_finite_number_of_seconds(capsys, data_dir, argv, value):
+    argv = [a.format(small=data_dir / "small.jsonl") for a in argv]
+    status, out, err = run(capsys, *argv, value)
+    line = error_line(err)
+    assert status == 2 and out == "" and argv[-1] in line, err
+    assert ("finite number of seconds > 0" if value != "soon" else "not a number") in line, err
+
+
+def test_the_planning_library_refuses_an_infinite_time_limit(data_dir):
+    from dtr.sim.step_plan import make_step_plan
+    with pytest.raises(ValueError, match="finite number of seconds > 0"):
+        make_step_plan(data_dir / "small.jsonl", 35, "checkmate", time_limit=float("inf"))
+
+
+# --- options that need another ------------------------------------------------------------------------------
+
+
+def test_save_plan_needs_a_planner(capsys, data_dir, tmp_path):
+    small, saved = data_dir / "small.jsonl", tmp_path / "plan.json"
+    status, out, err = run(capsys, "replay", small, "--budget", "35", "--save-plan", saved)
+    assert status == 2 and out == "" and "--save-plan needs --plan PLANNER" in error_line(err)
+    assert not saved.exists()
+    # With a plan file, nothing is planned either, so nothing could be saved.
+    assert run(capsys, "replay", small, "--budget", "35", "--plan", "lookahead", "--save-plan", saved)[0] == 0
+    status, _, err = run(capsys, "replay", small, "--budget", "35", "--plan", saved, "--save-plan", tmp_path / "b")
+    assert status == 2 and "is a plan file" in error_line(err)
+
+
+@pytest.mark.parametrize("figure,what", [("overhead.pdf", "unknown figure format 'pdf'"),
+                                         ("missing/overhead.png", "does not exist")])
+def test_compare_checks_its_figure_before_running_the_planners(capsys, monkeypatch, data_dir, tmp_path, figure,
+                                                               what):
+    import dtr.sim.compare
+
+    def planners_ran(*args, **kwargs):
+        raise AssertionError("the planners ran before --plot was checked")
+
+    monkeypatch.setattr(dtr.sim.compare, "compare", planners_ran)
+    status, out, err = run(capsys, "compare", data_dir / "small.jsonl", "--budgets", "0.8:1:0.1",
+                           "--plot", tmp_path / figure)
+    assert status == 2 and out == "" and what in error_line(err)
+
+
+# --- which thrash limit stopped a replay -------------------------------------------------------------------
+
+
+def test_a_thrash_stop_by_count_says_so(capsys, tmp_path):
+    # Ops that cost nothing: the compute allowance never runs out, the count one does.
+    path = tmp_path / "free.jsonl"
+    path.write_text(chain_log(64, cost=0))
+    status, out, _ = run(capsys, "replay", path, "--budget", "16", "--heuristic", "lru", "--thrash-limit", "1.5")
+    stopped = next(ln for ln in out.splitlines() if ln.startswith("stopped"))
+    assert status == 0 and "status         thrash" in out
+    assert "65 recomputations, more than (1.5 - 1) x the log's 129 ops" in stopped, stopped
+    assert "recomputed" not in stopped and "total compute" not in stopped, stopped
+
+
+def test_a_thrash_stop_by_compute_says_so(capsys, data_dir, tmp_path):
+    # One dear op (10 of 24 ns) recomputed once: past 0.3 x the compute, within 0.3 x the 5 ops (1).
+    path = tmp_path / "dear.jsonl"
+    path.write_text((data_dir / "small.jsonl").read_text().replace('"cost": 1}', '"cost": 10}'))
+    status, out, _ = run(capsys, "replay", path, "--budget", "35", "--heuristic", "lru", "--thrash-limit", "1.3")
+    stopped = next(ln for ln in out.splitlines() if ln.startswith("stopped"))
+    assert status == 0 and "recomputed 10 ns, more than (1.3 - 1) x the log's 24 ns" in stopped, stopped
+    assert "recomputations, more than" not in stopped, stopped
+
+
 # --- log paths that are not logs ---------------------------------------------------------------------------
 
 
@@ -104,6 +179,34 @@ class _Unreadable:
 
     def read(self):
         raise MemoryError()
+
+
+# --- outputs that cannot be written, budgets that cannot be met, ratios that are not numbers ----------------
+
+
+def test_a_failed_write_names_the_file(capsys, data_dir):
+    if not os.path.exists("/dev/full"):
+        pytest.skip("no /dev/full")
+    status, out, err = run(capsys, "export", data_dir / "small.jsonl", "-o", "/dev/full")
+    assert status == 2 and out == "" and "/dev/full: No space left on device" in error_line(err)
+
+
+def test_export_at_an_impossible_budget_says_what_is_needed(capsys, data_dir, tmp_path):
+    status, out, err = run(capsys, "export", data_dir / "small.jsonl", "--budget", "30", "-o", tmp_path / "s.json")
+    line = error_line(err)
+    assert status == 2 and out == "" and "at least 35 bytes" in line and "--budget to at least 35" in line, err
+    assert "log line 9" in line, err
+    status, _, err = run(capsys, "export", data_dir / "small.jsonl", "--budget", "35", "--thrash-limit", "1",
+                         "-o", tmp_path / "s.json")
+    assert status == 2 and "--thrash-limit 1" in error_line(err)
+
+
+@pytest.mark.parametrize("ratios,what", [("0.2,1e400", "'1e400' is not finite (too large for a float)"),
+                                         ("0.2,nan", "'nan' is not finite (not a number)"),
+                                         ("0.2,-1", "'-1' is not > 0")])
+def test_sweep_ratios_say_what_is_wrong(capsys, data_dir, tmp_path, ratios, what):
+    status, _, err = run(capsys, "sweep", data_dir / "small.jsonl", "--budgets", ratios, "--out", tmp_path / "s.csv")
+    assert status == 2 and what in error_line(err)
 
 
 # --- dtr-sim record's model options ------------------------------------------------------------------------
