@@ -4,14 +4,13 @@ from __future__ import annotations
 import gc
 import os
 import threading
-import warnings
 from typing import Any, Callable, Dict, List, Optional, Union
 
 import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
 from dtr.core import Core, make_config
-from dtr.errors import BudgetWarning, NestingError, OutOfBudgetError, ThrashingError
+from dtr.errors import NestingError, OutOfBudgetError, ThrashingError
 from dtr.heuristics import Heuristic, get_heuristic, heuristic_names
 from dtr.runtime import entry as entries
 from dtr.runtime.costs import get_cost_model
@@ -396,10 +395,8 @@ class Budget:
                         driver.finish()
                     except (OutOfBudgetError, ThrashingError):
                         pass  # everything came back; the block's own exception is the one to see
-                    except Exception as e:
-                        warnings.warn(f"dtr: after {exc_type.__name__} in the block, bringing back the tensors "
-                                      f"the program holds failed too ({type(e).__name__}: {e}); those dtr had "
-                                      f"evicted have no bytes and must not be used", BudgetWarning, stacklevel=2)
+                    except Exception:
+                        pass  # (finish warned: Note [The end of a block] in driver.py)
         finally:  # (each step runs even if one before it is interrupted: Note [One block at a time])
             try:
                 stance.__exit__(None, None, None)

@@ -10,12 +10,13 @@ explain.
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Any, Dict, Iterable, List, Optional, Set, Tuple
 
 import torch
 
 from dtr.core import Core, Hold
-from dtr.errors import OutOfBudgetError, ThrashingError
+from dtr.errors import BudgetWarning, OutOfBudgetError, ThrashingError
 from dtr.runtime import limits
 from dtr.runtime.costs import CostModel
 from dtr.runtime.escapes import PIN, READ, WRITE
@@ -507,8 +508,13 @@ class Driver(ReferencePath):
     # budget kept, evictions could make it thrash without end. A block left by
     # an exception (out of budget, thrashing, the program's own) brings back
     # what the program holds the same way before that exception propagates.
-    # Only if a recomputation itself fails does a BudgetWarning say that the
-    # tensors dtr had evicted stay unusable.
+    # If a recomputation itself fails (the op raises, or the program is
+    # interrupted while it runs), the bring-back is tried once more (a failure
+    # may not come again); if that fails too, each storage the program holds
+    # that is still without its bytes gets them back filled with 0xFF bytes
+    # (NaN for floating dtypes), so that using it gives visibly wrong values,
+    # not a crash on an empty storage, and a BudgetWarning says how many
+    # tensors lost their values and why; the failure then propagates.
     def finish(self) -> None:
         """Bring back every tensor the program still holds (the output condition); see Note [The end of a block].
 
@@ -523,12 +529,14 @@ class Driver(ReferencePath):
         # failed block's tensors alive until the next garbage collection (budget.py's Note [Nothing of a failed
         # block stays alive]).
         failure: Optional[tuple] = None
-        while True:  # each failure lifts a limit: at most three rounds
+        tries = 2  # (a recomputation that fails: see the Note)
+        while True:  # each failure lifts a limit: at most three rounds (and one more try)
             try:
                 core.pin_many(list(self.table.alive.values()), Hold.OUTPUT)
                 break
             except (ThrashingError, OutOfBudgetError) as e:
                 if core.budget < 0 and core.thrash_limit == math.inf:  # nothing left to lift: never loop
+                    self._fill_lost(f"{type(e).__name__}: {e}".split("\n")[0])
                     raise
                 if failure is None:
                     failure = ((OutOfBudgetError, e.needed, e.report) if isinstance(e, OutOfBudgetError)
@@ -536,9 +544,33 @@ class Driver(ReferencePath):
                 core.set_budget(None)
                 if isinstance(e, ThrashingError):
                     core.set_thrash_limit(math.inf)
+            except BaseException as e:
+                tries -= 1
+                if tries == 0:
+                    self._fill_lost(f"{type(e).__name__}: {e}".split("\n")[0])
+                    raise
         self.timer.flush()  # the device's last measurements (one wait, at the end of the block)
         if failure is not None:  # (made by a function: a local naming it here would be a cycle with this frame)
             raise self._end_failure(failure, budget) from None
+
+    def _fill_lost(self, why: str) -> None:
+        """Give each storage the program holds that is still without its bytes 0xFF bytes, and warn (Note [The
+        end of a block])."""
+        core, lost, nbytes = self.core, 0, 0
+        for t in self.table.alive.values():
+            s = core.storage_of(t)
+            buf = self.table.phys.get(s)
+            st = buf.get() if buf is not None else None
+            n = core.storage_size(s)
+            if st is not None and st.nbytes() < n:
+                resize_storage(st, n)
+                st.fill_(255)  # type: ignore[attr-defined]  # (UntypedStorage.fill_ fills bytes)
+                lost, nbytes = lost + 1, nbytes + n
+        if lost:
+            warnings.warn(f"dtr: bringing back the tensors the program holds at the end of the block failed "
+                          f"({why}): {lost} storage(s), {nbytes} bytes, lost their values and hold 0xFF bytes "
+                          f"(NaN for floating dtypes); recompute them outside the block", BudgetWarning,
+                          stacklevel=4)
 
     def _end_failure(self, failure: tuple, budget: int) -> Exception:
         """The error of a bring-back that failed (finish's first failure's figures), naming what dtr was doing."""
