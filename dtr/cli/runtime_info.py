@@ -2,15 +2,17 @@
 
 ``python -m dtr info`` prints dtr's and torch's versions, whether ``dtr._native``
 is active for the running torch (where it comes from, or why not and the one
-command that fixes it), the default entry per device, and the compiler a build
-on first use would run. It exits 0 when the native path is active, 1 when it
-is not. ``python -m dtr build`` builds it against the running torch, once
+command that fixes it), the entry per device, and the compiler a build on first
+use would run, as blocks here would run them: ``$DTR_NATIVE`` and ``$DTR_ENTRY``
+count. It exits 0 when blocks run the native path, 1 when they do not, 2 when
+one of those variables has a value blocks refuse. ``python -m dtr build`` builds it against the running torch, once
 (Note [Building the native path on first use] in dtr/runtime/native_build.py).
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import subprocess
 import sys
@@ -44,14 +46,26 @@ def _report() -> dict:
     from dtr.runtime import native, native_build
 
     st = native.status()
-    devices = {"cpu": native.default_entry(st.active, torch.device("cpu"))}
+    kinds = ["cpu"]
     accelerator = getattr(torch, "accelerator", None)
     if accelerator is not None and accelerator.is_available():  # (does not initialize the device)
-        kind = accelerator.current_accelerator().type
-        devices[kind] = native.default_entry(st.active, torch.device(kind))
+        kinds.append(accelerator.current_accelerator().type)
+    if st.active:  # ($DTR_NATIVE, $DTR_ENTRY: ValueError for a value blocks refuse)
+        chosen = native.use_native(None)
+        devices = {k: native.use_entry(None, chosen, torch.device(k)) for k in kinds}
+    else:  # (without it every block is a mode; asking use_native here would build it on first use)
+        chosen = False
+        entry = os.environ.get(native.ENTRY_ENV_VAR, "").strip().lower()
+        if entry and entry not in native.ENTRIES:
+            native.use_entry(entry)  # (raises the ValueError blocks raise)
+        devices = {k: "mode" for k in kinds}
+    used = dict(st._asdict(), built=st.active, active=chosen)
+    if st.active and not chosen:
+        used["why"] = f"{native.ENV_VAR}={os.environ.get(native.ENV_VAR, '')!r} turns it off"
+        used["fix"] = f"unset {native.ENV_VAR}"
     cxx = native_build.compiler()
     out.update(torch=torch.__version__, cxx11_abi=int(torch._C._GLIBCXX_USE_CXX11_ABI),
-               native=st._asdict(), entries=devices, compiler=_compiler_line(cxx),
+               native=used, entries=devices, compiler=_compiler_line(cxx),
                cache=str(native_build.cache_dir()), sources=str(native_build.source_dir()),
                builds_allowed=native_build.build_allowed())
     return out
@@ -66,6 +80,10 @@ def _print_info(r: dict) -> None:
     print(f"torch      {r['torch']} (C++11 ABI {r['cxx11_abi']})")
     if n["active"]:
         print(f"native     active: dtr._native {n['origin']} ({n['path']})")
+    elif n["built"]:
+        print(f"native     OFF: dtr._native {n['origin']} ({n['path']}), but blocks run the Python reference")
+        print(f"           why: {n['why']}")
+        print(f"           fix: {n['fix']}")
     else:
         print("native     MISSING: the runtime runs its Python reference (same results, more host time per op)")
         print(f"           why: {n['why']}")
@@ -83,8 +101,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         argv: the arguments after the program name; default ``sys.argv[1:]``.
 
     Returns:
-        0 when the native path is active (``info``) or was built (``build``), 1 when it is not; argparse
-        exits 2 for bad arguments.
+        0 when blocks run the native path (``info``) or it was built (``build``), 1 when not; 2 for bad
+        arguments, or (``info``) a ``$DTR_NATIVE`` or ``$DTR_ENTRY`` that blocks refuse.
     """
     p = argparse.ArgumentParser(prog="python -m dtr", description="dtr's runtime here: what is active, and "
                                 "building its native per-op path.")
@@ -94,7 +112,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     sub.add_parser("build", help="build the native per-op path against the running torch (once; cached)")
     args = p.parse_args(argv)
     if args.command == "info":
-        r = _report()
+        try:
+            r = _report()
+        except ValueError as e:  # ($DTR_NATIVE or $DTR_ENTRY: the message names it and the valid values)
+            print(f"python -m dtr: error: {e}", file=sys.stderr)
+            return 2
         if args.json:
             print(json.dumps(r, indent=2))
         else:

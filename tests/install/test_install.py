@@ -23,9 +23,11 @@ from dtr.cli import runtime_info  # noqa: E402
 from dtr.runtime import native, native_build  # noqa: E402
 
 
-def test_info_reports_the_active_path_and_exits_0(capsys):
+def test_info_reports_the_active_path_and_exits_0(monkeypatch, capsys):
     if not native.status().active:
         pytest.skip("dtr._native is not active in this environment")
+    monkeypatch.delenv("DTR_NATIVE", raising=False)
+    monkeypatch.delenv("DTR_ENTRY", raising=False)
     assert runtime_info.main(["info"]) == 0
     out = capsys.readouterr().out
     assert f"dtr        {dtr.__version__}" in out and f"torch      {torch.__version__}" in out
@@ -33,6 +35,28 @@ def test_info_reports_the_active_path_and_exits_0(capsys):
     assert runtime_info.main(["info", "--json"]) == 0
     r = json.loads(capsys.readouterr().out)
     assert r["native"]["active"] and r["torch"] == torch.__version__ and r["entries"]["cpu"] == "key"
+
+
+def test_info_says_what_blocks_run_under_the_environment_variables(monkeypatch, capsys):
+    """$DTR_NATIVE and $DTR_ENTRY choose what a block runs: info says what blocks here would run, and refuses
+    (exit 2) the values blocks refuse."""
+    if not native.status().active:
+        pytest.skip("dtr._native is not active in this environment")
+    monkeypatch.delenv("DTR_ENTRY", raising=False)
+    monkeypatch.setenv("DTR_NATIVE", "0")
+    assert runtime_info.main(["info"]) == 1
+    out = capsys.readouterr().out
+    assert "native     OFF" in out and "DTR_NATIVE='0' turns it off" in out and "entry      cpu: mode" in out
+    monkeypatch.delenv("DTR_NATIVE")
+    monkeypatch.setenv("DTR_ENTRY", "mode")
+    assert runtime_info.main(["info"]) == 0
+    assert "entry      cpu: mode" in capsys.readouterr().out
+    for var, value in (("DTR_ENTRY", "bogus"), ("DTR_NATIVE", "maybe")):
+        monkeypatch.delenv("DTR_ENTRY", raising=False)
+        monkeypatch.setenv(var, value)
+        assert runtime_info.main(["info"]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("python -m dtr: error:") and f"{value!r}" in err and "Traceback" not in err, err
 
 
 def test_info_says_why_the_path_is_missing_and_what_fixes_it(monkeypatch, capsys, tmp_path):
