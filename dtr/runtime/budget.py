@@ -359,7 +359,9 @@ class Budget:
 
     def __exit__(self, exc_type, exc, tb) -> None:
         driver, core = self._driver, self._core
-        assert driver is not None and core is not None, "__exit__ without __enter__"
+        if driver is None or core is None:
+            raise RuntimeError("dtr.budget.__exit__: this block is not active (__exit__ without a matching "
+                               "__enter__, or called twice); use `with budget:`")
         active = _active_blocks()
         if not active or active[-1] is not self:
             raise NestingError("dtr.budget blocks must end in the reverse order they began (this one is not the "
