@@ -510,11 +510,12 @@ class Driver(ReferencePath):
     # what the program holds the same way before that exception propagates.
     # If a recomputation itself fails (the op raises, or the program is
     # interrupted while it runs), the bring-back is tried once more (a failure
-    # may not come again); if that fails too, each storage the program holds
-    # that is still without its bytes gets them back filled with 0xFF bytes
-    # (NaN for floating dtypes), so that using it gives visibly wrong values,
-    # not a crash on an empty storage, and a BudgetWarning says how many
-    # tensors lost their values and why; the failure then propagates.
+    # may not come again); if that fails too, each tensor is tried on its own,
+    # and each storage still without its bytes (its recomputation fails) gets
+    # them back filled with 0xFF bytes (NaN for floating dtypes), so that
+    # using it gives visibly wrong values, not a crash on an empty storage; a
+    # BudgetWarning says how many lost their values and why, and the failure
+    # propagates.
     def finish(self) -> None:
         """Bring back every tensor the program still holds (the output condition); see Note [The end of a block].
 
@@ -547,11 +548,26 @@ class Driver(ReferencePath):
             except BaseException as e:
                 tries -= 1
                 if tries == 0:
+                    self._bring_back_each()
                     self._fill_lost(f"{type(e).__name__}: {e}".split("\n")[0])
                     raise
         self.timer.flush()  # the device's last measurements (one wait, at the end of the block)
         if failure is not None:  # (made by a function: a local naming it here would be a cycle with this frame)
             raise self._end_failure(failure, budget) from None
+
+    def _bring_back_each(self) -> None:
+        """After the bring-back failed twice: each held tensor on its own, limits lifted (Note [The end of a
+        block]), so that only those whose recomputation fails lose their values."""
+        core = self.core
+        core.set_budget(None)
+        core.set_thrash_limit(math.inf)
+        for t in list(self.table.alive.values()):
+            try:
+                core.pin_many([t], Hold.OUTPUT)
+            except KeyboardInterrupt:  # (interrupted again: the rest are filled)
+                break
+            except Exception:
+                continue
 
     def _fill_lost(self, why: str) -> None:
         """Give each storage the program holds that is still without its bytes 0xFF bytes, and warn (Note [The

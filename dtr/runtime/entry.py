@@ -17,12 +17,14 @@ from __future__ import annotations
 
 from typing import Any, List, Optional
 
+import torch
 from torch.utils._python_dispatch import (
     TorchDispatchMode,
     _disable_current_modes,
     _get_current_dispatch_mode_stack,
     _pop_mode,
     _push_mode,
+    _unset_infra_mode,
 )
 
 from dtr import core
@@ -138,7 +140,12 @@ class KeyEntry:
 # changes values (a mode that scales every matmul, say) was left out of the
 # recomputed bytes: a mode entry's off() takes its own mode and those above
 # it off the stack and keeps those below; the key entry's takes the key and
-# every mode off.
+# every mode off. torch's own modes (make_fx's tracing, fake tensors) are
+# never part of dtr's work: a recomputation at the end of a block inside
+# make_fx was traced, and failed on the storage it sets.
+_INFRA_KEYS = (torch._C._TorchDispatchModeKey.PROXY, torch._C._TorchDispatchModeKey.FUNCTIONAL)
+
+
 class _BelowMode:
     """While it is active, ``mode`` and the modes above it are off this thread's stack (no-op if it is not on it)."""
 
@@ -150,9 +157,16 @@ class _BelowMode:
 
     def __enter__(self) -> None:
         stack = _get_current_dispatch_mode_stack()
-        if self._mode in stack:
+        if self._mode in stack:  # (torch's own modes, tracing or faking, come after it: popped too)
             for _ in range(len(stack) - stack.index(self._mode)):
                 self._popped.append(_pop_mode())
+        else:  # (the block's end, its mode gone: torch's own modes never see dtr's work either)
+            for key in _INFRA_KEYS:
+                if torch._C._get_dispatch_mode(key) is not None:
+                    try:
+                        self._popped.append(_unset_infra_mode(key))
+                    except RuntimeError:  # (one torch keeps elsewhere: left as it is)
+                        pass
 
     def __exit__(self, *exc: Any) -> None:
         while self._popped:

@@ -109,7 +109,9 @@ class Recipe(NamedTuple):
 #   float64 came back as float32 values converted. A recipe records it; a
 #   recomputation sets it. It is also part of an op's signature (Python's
 #   and the native path's), whose cached prediction of the outputs' sizes
-#   it changes.
+#   it changes. torch's default dtype is process-wide: while such a
+#   recomputation runs (only in a program that changed it inside a block),
+#   another thread's factories see the recorded one.
 # Random ops also replay their generators' states (Note [Random ops]). Other
 # process-wide settings (torch.backends flags, the number of threads) are not
 # recorded: a program that changes them between an op and its recomputation

@@ -55,7 +55,35 @@ def check_meta(meta: object, reserved: Sequence[str] = ()) -> dict:
         except ValueError as e:  # NaN or an infinity (JSON has none), or a circular reference
             raise ValueError(f"log_meta[{key!r}] cannot be written as JSON ({e}): its numbers must be finite, "
                              f"as the log's reader requires") from None
+        why = _beyond_reader(value, 2)
+        if why:
+            raise ValueError(f"log_meta[{key!r}]: {why}, which the log's reader refuses")
     return dict(meta)
+
+
+# What the log reader (csrc/log_json.h) refuses beyond JSON itself: deeper nesting than this, and strings
+# that are not valid UTF-8 (a lone surrogate).
+_MAX_DEPTH = 64
+
+
+def _beyond_reader(value: object, depth: int) -> str:
+    """Why the reader would refuse ``value`` at nesting ``depth`` (the meta line's object is 1); "" if not."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return f"the string {value[:20]!r} is not valid UTF-8 (a lone surrogate)"
+        return ""
+    if isinstance(value, (list, tuple, dict)):
+        if depth > _MAX_DEPTH:
+            return f"it nests lists and objects more than {_MAX_DEPTH} deep"
+        items = list(value.items()) if isinstance(value, dict) else [(None, v) for v in value]
+        for k, v in items:
+            why = _beyond_reader(k, depth) if k is not None else ""
+            why = why or _beyond_reader(v, depth + 1)
+            if why:
+                return why
+    return ""
 
 
 def _id(handle: int) -> str:

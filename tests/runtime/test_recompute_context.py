@@ -171,3 +171,24 @@ def test_an_op_s_prediction_depends_on_the_default_dtype(how, caplog):
     assert (a.dtype, c.dtype) == (torch.float32, torch.float64)
     assert not [r for r in caplog.records if "predicted" in r.getMessage()], caplog.text
     assert b.stats["peak_bytes"] >= 64 * 64 * (8 + 8 + 4)  # (base, c and a, each counted at its size)
+
+
+@pytest.mark.parametrize("how", ["mode", "reference"])
+def test_a_block_traced_by_make_fx_recomputes_outside_the_trace_at_its_end(how):
+    """torch's own modes (make_fx's tracing) never see dtr's work: at the end of a block traced with
+    make_fx, the recomputations run outside the trace (they were traced, and failed on the storage they set)."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+    stats = {}
+
+    def f(x):
+        with _budget(700, how) as b:
+            ys = [torch.tanh(x * (i + 1)) for i in range(8)]
+            _pressure()
+        stats.update(b.stats)
+        return ys
+
+    x = torch.randn(N, D)
+    g = make_fx(f, tracing_mode="real")(x)
+    _evicting(type("B", (), {"stats": stats})())
+    assert all(torch.equal(a, torch.tanh(x * (i + 1))) for i, a in enumerate(g(x)))
+    assert not torch.utils._python_dispatch._get_current_dispatch_mode_stack()
