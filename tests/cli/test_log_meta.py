@@ -7,6 +7,8 @@ something that is not a dict of JSON values. A log_meta that passes replays.
 """
 from __future__ import annotations
 
+import functools
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -27,6 +29,8 @@ from dtr.sim.logs import read_log  # noqa: E402
     ([1, 2], TypeError, "log_meta must be a dict"),
     ({1: "a"}, TypeError, "log_meta's keys must be strings"),
     ({"model": object()}, TypeError, "log_meta must hold JSON values only"),
+    ({"deep": functools.reduce(lambda v, _: [v], range(64), 0)}, ValueError, "more than 64 deep"),
+    ({"s": "\ud800"}, ValueError, "lone surrogate"),
 ])
 def test_a_log_meta_the_reader_would_refuse_is_refused_and_writes_nothing(tmp_path, meta, error, what):
     path = tmp_path / "step.jsonl"
@@ -38,7 +42,8 @@ def test_a_log_meta_the_reader_would_refuse_is_refused_and_writes_nothing(tmp_pa
 
 def test_a_good_log_meta_reaches_the_meta_line_and_replays(capsys, tmp_path):
     path = tmp_path / "step.jsonl"
-    meta = {"model": "tiny", "batch": 2, "lr": 1e-3, "tags": ["a", None, True]}
+    meta = {"model": "tiny", "batch": 2, "lr": 1e-3, "tags": ["a", None, True],
+            "deep": functools.reduce(lambda v, _: [v], range(63), 0)}  # (the reader's deepest nesting)
     with dtr.budget(None, log=path, log_meta=meta, cost_model="flops"):
         y = torch.ones(10) * 2
     assert y.sum().item() == 20
