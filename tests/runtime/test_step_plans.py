@@ -54,6 +54,13 @@ def _case(name: str):
     return m, x, step
 
 
+def _mlp_at_half():
+    """The mlp case, fresh, and the budget at half its step's peak above its constants."""
+    m, x, step = _case("mlp")
+    b = budget_at(constant_bytes(m, x), peak_of(step), 0.5)
+    return (*_case("mlp"), b)
+
+
 def _plain_grads(name: str, steps: int):
     m, _, step = _case(name)
     out = []
@@ -91,9 +98,7 @@ def test_planned_steps_are_exact_and_recompute_what_the_plan_predicts(name):
 
 
 def test_a_step_that_differs_goes_on_online_and_stays_exact():
-    m, x, step = _case("mlp")
-    b = budget_at(constant_bytes(m, x), peak_of(step), 0.5)
-    m, x, step = _case("mlp")
+    m, x, step, b = _mlp_at_half()
     small, target = x[:200], torch.randint(0, 10, (200,))
     mem = dtr.budget(b, plan=INLINE, cost_model="flops")
     with mem:
@@ -112,9 +117,7 @@ def test_a_step_that_differs_goes_on_online_and_stays_exact():
 
 def test_a_step_that_ends_before_its_plan_says_where():
     """A step that stops short of the plan (a forward without backward) diverged where it stopped."""
-    m, x, step = _case("mlp")
-    b = budget_at(constant_bytes(m, x), peak_of(step), 0.5)
-    m, x, step = _case("mlp")
+    m, x, step, b = _mlp_at_half()
     mem = dtr.budget(b, plan=INLINE, cost_model="flops")
     for _ in range(3):
         with mem:
@@ -126,9 +129,7 @@ def test_a_step_that_ends_before_its_plan_says_where():
 
 
 def test_a_planned_step_replays_to_its_own_evictions_and_recomputations(tmp_path):
-    m, x, step = _case("mlp")
-    b = budget_at(constant_bytes(m, x), peak_of(step), 0.5)
-    m, x, step = _case("mlp")
+    m, x, step, b = _mlp_at_half()
     mem = dtr.budget(b, plan=INLINE, cost_model="flops", log=tmp_path / "step.jsonl")
     for _ in range(4):
         with mem:
@@ -169,9 +170,7 @@ def test_steps_that_always_differ_are_recorded_once():
 def test_a_loop_that_alternates_between_two_shapes_gets_a_plan_for_each():
     """Note [Planned steps]: the step after B is expected to be A's (it was last time). Before, the A B loop
     recorded every A step and never planned B (found by a helper's hunt, 2026-11-29)."""
-    m, x, step = _case("mlp")
-    b = budget_at(constant_bytes(m, x), peak_of(step), 0.5)
-    m, x, step = _case("mlp")
+    m, x, step, b = _mlp_at_half()
     y = torch.randint(0, 10, (256,))
     mem = dtr.budget(b, plan=INLINE, cost_model="flops")
     sigs = []
@@ -218,9 +217,7 @@ def test_the_program_exits_cleanly_while_a_thread_plans(tmp_path):
 
 
 def test_planning_in_a_process_of_its_own():
-    m, x, step = _case("mlp")
-    b = budget_at(constant_bytes(m, x), peak_of(step), 0.5)
-    m, x, step = _case("mlp")
+    m, x, step, b = _mlp_at_half()
     mem = dtr.budget(b, plan=6.0, cost_model="flops")  # (the default: a process; a time limit of 6 s)
     for _ in range(4):
         with mem:
@@ -365,9 +362,7 @@ def test_a_plan_that_runs_out_of_budget_is_dropped_and_made_again():
     """A step that runs out of budget while following its plan (here the program says so mid-step, as the
     core would where a later step starts with more than the recorded one did) drops the plan; the steps
     after it are recorded and planned again (Note [Planned steps])."""
-    m, x, step = _case("mlp")
-    b = budget_at(constant_bytes(m, x), peak_of(step), 0.5)
-    m, x, step = _case("mlp")
+    m, x, step, b = _mlp_at_half()
     mem = dtr.budget(b, plan=INLINE, cost_model="flops")
     for _ in range(2):
         with mem:
@@ -390,9 +385,7 @@ def test_a_plan_that_runs_out_of_budget_is_dropped_and_made_again():
 
 
 def test_closing_while_a_step_is_planned_lets_it_be_planned_later():
-    m, x, step = _case("mlp")
-    b = budget_at(constant_bytes(m, x), peak_of(step), 0.5)
-    m, x, step = _case("mlp")
+    m, x, step, b = _mlp_at_half()
     mem = dtr.budget(b, plan=PlanPolicy(background="thread", time_limit=6), cost_model="flops")
     with mem:
         step()
