@@ -87,6 +87,22 @@ ESCAPING: Dict[str, str] = {
 _ESCAPING_PROPERTIES = ("__cuda_array_interface__",)
 # Module-level functions that export a tensor's memory: (module, name); WRITE.
 _ESCAPING_FUNCTIONS = ((torch.utils.dlpack, "to_dlpack"), (torch, "to_dlpack"))
+# Note [Ops that touch bytes through raw pointers]
+# A few of PyTorch's own ops are C++ above the dispatcher that reads or
+# writes a tensor's bytes through its data pointer, with no op dispatched
+# for that: tensor_split given a tensor of split points, ctc_loss given
+# length tensors, and pad_packed_sequence, which reads the batch sizes and
+# writes the lengths it returns into a tensor from aten::empty. An evicted
+# argument was read as an empty storage (torch raised "data is not
+# allocated yet"), and the lengths, evicted and recomputed, came back as
+# whatever aten::empty gave. While a block is active these are wrapped:
+# their integer tensor arguments (split points, lengths, batch sizes: small)
+# are pinned first, and so are their integer outputs. The functions are
+# wrapped where torch looks them up at each call (torch._VF for
+# pad_packed_sequence), so that a name the program imported before the
+# block still goes through the wrapper.
+_RAW_FUNCTIONS = ((torch, "tensor_split"), (torch, "ctc_loss"), (torch._VF, "_pad_packed_sequence"))
+_RAW_METHODS = ("tensor_split",)
 # Class attributes hidden during a block (see the Note).
 _HIDDEN = ("__dlpack_c_exchange_api__",)
 
@@ -117,6 +133,36 @@ def _guarded(original: Callable, how: str) -> Callable:
                 if isinstance(x, torch.Tensor):
                     escape(x, PIN)
             return original(self, *args, **kwargs)
+        finally:
+            _depth.n = 0
+
+    functools.update_wrapper(wrapper, original)
+    _wrappers[key] = (original, wrapper)
+    return wrapper
+
+
+def _raw_integers(original: Callable) -> Callable:
+    """``original(...)`` with its integer tensor arguments and outputs pinned (Note [Ops that touch bytes
+    through raw pointers])."""
+    key = (id(original), "raw")
+    made = _wrappers.get(key)
+    if made is not None and made[0] is original:
+        return made[1]
+
+    def wrapper(*args, **kwargs):
+        escape = _active[0]
+        if escape is None or getattr(_depth, "n", 0):
+            return original(*args, **kwargs)
+        _depth.n = 1
+        try:
+            for x in (*args, *kwargs.values()):
+                if isinstance(x, torch.Tensor) and not x.is_floating_point() and not x.is_complex():
+                    escape(x, PIN)
+            out = original(*args, **kwargs)
+            for x in out if isinstance(out, (tuple, list)) else (out,):
+                if isinstance(x, torch.Tensor) and not x.is_floating_point() and not x.is_complex():
+                    escape(x, PIN)
+            return out
         finally:
             _depth.n = 0
 
@@ -175,6 +221,14 @@ def patch_escapes(escape: Callable[[torch.Tensor, str], None],
         original = getattr(module, name, None)
         if original is not None:
             replace(module, name, _guarded(original, WRITE))
+    for module, name in _RAW_FUNCTIONS:
+        original = getattr(module, name, None)
+        if original is not None:
+            replace(module, name, _raw_integers(original))
+    for name in _RAW_METHODS:
+        original = getattr(torch.Tensor, name, None)
+        if original is not None:
+            replace(torch.Tensor, name, _raw_integers(original))
     if resize is not None and torch.UntypedStorage.resize_ is _resize_original:
         replace(torch.UntypedStorage, "resize_", _resize_wrapper)
     for name in _HIDDEN:

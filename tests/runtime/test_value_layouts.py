@@ -146,3 +146,44 @@ def test_quantized_and_zero_tensors_are_left_alone():
         y = torch.ones(64, 64) + torch._efficientzerotensor((64, 64))
         assert _storage(y)._cdata in b._driver.table.version
     assert torch.equal(y, torch.ones(64, 64))
+
+
+@pytest.mark.parametrize("op", ["tensor_split", "ctc_loss", "pad_packed_sequence"])
+@pytest.mark.parametrize("heuristic", ["eqclass", "lru"])
+def test_ops_that_touch_bytes_through_raw_pointers_see_them(op, heuristic):
+    """PyTorch ops that read integer arguments, or write the integer tensor they return, through a data
+    pointer in C++ (no op dispatched): an evicted argument was read as an empty storage ("data is not
+    allocated yet"), and pad_packed_sequence's lengths came back as whatever aten::empty gave (Note [Ops that
+    touch bytes through raw pointers] in escapes.py)."""
+    import torch.nn.functional as F
+    from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence  # (bound before the block)
+
+    def pressure():
+        h, keep = torch.randn(64, 64), []
+        for _ in range(10):
+            h = torch.tanh(h * 1.01)
+            keep.append(h)
+        return keep[-1]
+
+    def program():
+        torch.manual_seed(0)
+        if op == "tensor_split":
+            idx = torch.arange(3) * 5 + 2  # split points computed in the block
+            last = pressure()
+            return [*torch.tensor_split(torch.randn(16, 8), idx), *torch.randn(16, 8).tensor_split(idx), last]
+        if op == "ctc_loss":
+            il, tl = torch.full((4,), 20) * 1, torch.full((4,), 5) + 0  # lengths computed in the block
+            last = pressure()
+            lp = torch.randn(20, 4, 6).log_softmax(2)
+            return [F.ctc_loss(lp, torch.randint(1, 6, (4, 5)), il, tl), last]
+        lengths = torch.tensor([10, 7, 5, 2])
+        packed = pack_padded_sequence(torch.randn(10, 4, 16), lengths)
+        padded, out_lengths = pad_packed_sequence(packed)
+        last = pressure()
+        return [padded * 1.0, out_lengths + 0, out_lengths, last]
+
+    want = program()
+    with dtr.budget(64 * 1024, cost_model="flops", heuristic=heuristic) as b:
+        got = program()
+    assert b.stats["evictions"] > 0, b.stats
+    assert all(torch.equal(a, c) for a, c in zip(want, got))
