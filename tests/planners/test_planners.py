@@ -54,8 +54,8 @@ def test_rotor_equals_brute_force_on_chains():
         if best is None:
             assert r.status == "infeasible"
             continue
-        assert r.status == "optimal"
-        assert ev.total_compute == pytest.approx(best)
+        assert r.status == "ok" and r.message == "optimal among Rotor's schedules"
+        assert ev.total_compute == pytest.approx(best)  # (on these chains; not always: the test below)
         seen_recompute += ev.total_compute > g.base_compute
     assert seen_recompute >= 3  # the budgets force recomputation
 
@@ -64,7 +64,7 @@ def test_rotor_on_toy_chain_and_not_on_dags():
     g = graph_from_log(parse_text(chain_log(32)))
     pg = plan_graph(g)
     r, ev = _run("rotor", g, pg, math.ceil(2 * math.sqrt(32)))
-    assert r.status == "optimal" and ev.total_compute == 86  # base 65, 21 extra
+    assert r.status == "ok" and ev.total_compute == 86  # base 65, 21 extra
     g2 = graph_from_log(parse_text(random_dag(0)))
     assert run_planner("rotor", plan_graph(g2), 100).status == "n/a"
 
@@ -92,6 +92,64 @@ def test_ilp_is_optimal_and_unbeaten_by_order_keeping_schedules():
                     assert ev.total_compute >= ev_ilp.total_compute - 1e-9, name
         best = brute_force(pg, budget)
         assert best is not None and ev_ilp.total_compute >= best - 1e-9
+
+
+# A helper's counterexamples (2026-11-29): Rotor keeps a checkpoint until its segment's backward, so freeing a0
+# after it rebuilt a1 and rebuilding a0 from x before B1 (19) beats Rotor's best (20) at budget 39; and the
+# sparse ILP once had no S variable for a value past its last reader in the log's order, so "optimal" lost to
+# Chen's order-keeping schedule (33 against 36) at budget 143.
+_ROTOR_BEATEN = """{"op": "meta", "version": 1}
+{"op": "constant", "id": "x", "size": 3}
+{"op": "call", "name": "F0", "inputs": ["x"], "outputs": ["a0"], "sizes": [3], "aliases": [null], "cost": 1}
+{"op": "call", "name": "F1", "inputs": ["a0"], "outputs": ["a1"], "sizes": [19], "aliases": [null], "cost": 3}
+{"op": "call", "name": "F2", "inputs": ["a1"], "outputs": ["a2"], "sizes": [14], "aliases": [null], "cost": 4}
+{"op": "call", "name": "loss", "inputs": ["a2"], "outputs": ["g"], "sizes": [5], "aliases": [null], "cost": 1}
+{"op": "release", "id": "a2"}
+{"op": "call", "name": "B2", "inputs": ["a1", "g"], "outputs": ["g2"], "sizes": [12], "aliases": [null], "cost": 2}
+{"op": "release", "id": "g"}
+{"op": "release", "id": "a1"}
+{"op": "call", "name": "B1", "inputs": ["a0", "g2"], "outputs": ["g1"], "sizes": [7], "aliases": [null], "cost": 3}
+{"op": "release", "id": "g2"}
+{"op": "release", "id": "a0"}
+{"op": "call", "name": "B0", "inputs": ["x", "g1"], "outputs": ["g0"], "sizes": [15], "aliases": [null], "cost": 1}
+{"op": "release", "id": "g1"}
+"""
+_ILP_ONCE_BEATEN = """{"op": "meta", "version": 1}
+{"op": "constant", "id": "t1", "size": 8}
+{"op": "constant", "id": "t2", "size": 8}
+{"op": "call", "name": "v", "inputs": ["t1"], "outputs": ["t5", "t6"], "sizes": [0, 0], "aliases": ["t1", "t1"], \
+"cost": 1}
+{"op": "call", "name": "f", "inputs": ["t2"], "outputs": ["t7"], "sizes": [33], "aliases": [null], "cost": 3}
+{"op": "call", "name": "v", "inputs": ["t5"], "outputs": ["t8"], "sizes": [0], "aliases": ["t5"], "cost": 1}
+{"op": "call", "name": "f", "inputs": ["t5", "t8", "t7"], "outputs": ["t9", "t10", "t11"], "sizes": [6, 26, 39], \
+"aliases": [null, null, null], "cost": 5}
+{"op": "release", "id": "t9"}
+{"op": "call", "name": "f", "inputs": ["t7", "t8"], "outputs": ["t13"], "sizes": [24], "aliases": [null], "cost": 10}
+{"op": "copy", "dst": "t14", "src": "t11"}
+{"op": "call", "name": "f", "inputs": ["t7", "t14", "t11"], "outputs": ["t16"], "sizes": [12], "aliases": [null], \
+"cost": 1}
+{"op": "release", "id": "t16"}
+{"op": "call", "name": "f", "inputs": ["t13", "t10"], "outputs": ["t18"], "sizes": [13], "aliases": [null], "cost": 2}
+{"op": "release", "id": "t7"}
+"""
+
+
+def test_rotor_is_optimal_only_among_its_own_schedules():
+    g = graph_from_log(parse_text(_ROTOR_BEATEN))
+    pg = plan_graph(g)
+    r, ev = _run("rotor", g, pg, 39)
+    assert r.status == "ok" and ev.total_compute == 20 and brute_force(pg, 39) == 19
+    ilp, ev_ilp = _run("checkmate", g, pg, 39)
+    assert ilp.status == "optimal" and ev_ilp.total_compute == 19
+
+
+def test_the_proven_ilp_is_not_beaten_by_an_order_keeping_schedule_past_a_value_s_last_reader():
+    g = graph_from_log(parse_text(_ILP_ONCE_BEATEN))
+    pg = plan_graph(g)
+    ilp, ev_ilp = _run("checkmate", g, pg, 143)
+    chen, ev_chen = _run("chen", g, pg, 143)
+    assert out_of_order(chen.sequence) is None and ev_chen.total_compute == 33
+    assert ilp.status == "optimal" and ev_ilp.total_compute <= ev_chen.total_compute
 
 
 def test_ilp_matches_rotor_on_small_chain():

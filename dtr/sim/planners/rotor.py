@@ -1,4 +1,4 @@
-"""``rotor``: dynamic programming, optimal for heterogeneous forward-backward chains.
+"""``rotor``: dynamic programming for heterogeneous forward-backward chains (optimal in its own space).
 
 After Beaumont et al.'s Rotor (rockmate.txt section 3.4 and appendix C),
 specialized to the chains of :func:`dtr.sim.graph.chain_shape` (one kind of
@@ -31,6 +31,15 @@ __all__ = ["plan_rotor", "rotor_chain"]
 # else budget / rotor_slots bytes per slot with sizes rounded up (a plan is
 # then still within the budget, optimal up to that rounding). Constants are
 # computed first and their bytes taken off the budget.
+#
+# Note [What Rotor's optimum covers]
+# P keeps a_s aside while it solves P(i, t, m - a_s): a checkpoint, once
+# kept, stays until its segment's backward. A schedule outside that space can
+# cost less: on x -> a0 -> a1 -> a2 (sizes 3, 19, 14) at a budget of 39,
+# freeing a0 after it rebuilt a1 and rebuilding a0 from x before B1 costs 19,
+# Rotor's best 20 (a helper's counterexample, tests/planners). So Rotor's
+# plans are reported ``ok``, "optimal among Rotor's schedules", never
+# ``optimal``, which means proven over all schedules in the log's order.
 #
 # Cost: O(n^3 M) for M slots (vectorized over the choice i and the memory m).
 # When the chain is homogeneous (equal forward costs, backward costs and sizes)
@@ -183,8 +192,8 @@ def plan_rotor(pg: PlanGraph, budget: int, options: PlanOptions) -> PlanResult:
         options: ``rotor_slots`` sets the memory discretization.
 
     Returns:
-        ``optimal`` with the sequence (optimal up to the memory rounding when
-        sizes are discretized: then ``ok``), ``infeasible``, or ``n/a``.
+        ``ok`` with the sequence (optimal among Rotor's schedules, up to the
+        memory rounding when sizes are discretized), ``infeasible``, or ``n/a``.
     """
     ch = chain_shape(pg)
     if ch is None:
@@ -207,6 +216,7 @@ def plan_rotor(pg: PlanGraph, budget: int, options: PlanOptions) -> PlanResult:
     if steps is None:
         return PlanResult("rotor", "infeasible", None, message="no chain schedule fits the budget")
     const_cost = sum(pg.cost[v] for v in ch.consts)
-    return PlanResult("rotor", "optimal" if exact else "ok", tuple(_sequence(ch, steps)),
-                      predicted_cost=cost + const_cost,
-                      message="" if exact else f"memory discretized in {m_slots} slots")
+    # ("ok", not "optimal": see Note [What Rotor's optimum covers])
+    return PlanResult("rotor", "ok", tuple(_sequence(ch, steps)), predicted_cost=cost + const_cost,
+                      message="optimal among Rotor's schedules" if exact
+                      else f"memory discretized in {m_slots} slots")
