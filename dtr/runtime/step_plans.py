@@ -126,8 +126,8 @@ def plan_policy(plan: Union[None, bool, str, float, PlanPolicy]) -> Optional[Pla
     elif isinstance(plan, (int, float)) and not isinstance(plan, bool):
         policy = PlanPolicy(time_limit=float(plan))
     else:
-        raise TypeError(f"plan must be True, a planner's name, a time limit in seconds or a dtr PlanPolicy, "
-                        f"not {plan!r}")
+        raise TypeError(f"plan must be True, a planner's name, a time limit in seconds or a "
+                        f"dtr.runtime.step_plans.PlanPolicy, not {plan!r}")
     from_registry = planner_names()
     if policy.planner != AUTO and policy.planner not in from_registry:
         raise ValueError(f"unknown planner {policy.planner!r}; the planners are: {AUTO}, {', '.join(from_registry)}")
