@@ -77,10 +77,7 @@ __all__ = ["IlpModel", "build_ilp", "stage_bounds", "choose_group", "default_win
 #   own nodes (a restriction of Checkmate's space: a value computed in a
 #   stage is one that stage reads; rounding builds the same kind of
 #   schedule), never for a constant; S[s,v] only while v has a reader at or
-#   after b_s, or a reader stage s may compute again (an R column of the
-#   stage: keeping v can save recomputing its node for it; without those S,
-#   "optimal" was beaten by order-keeping schedules), or is referenced at the
-#   end, and was available in stage s-1;
+#   after b_s (or is referenced at the end) and was available in stage s-1;
 #   FREE[s,v,k] only when no node of the stage itself (R fixed at 1) reads v
 #   after k and v is not kept to the end; a FREE with no hazard at all is
 #   the constant 1 and moves into the memory row's right-hand side (on
@@ -348,17 +345,14 @@ def _columns(pg: PlanGraph, vals: _Values, group: int, window: Optional[int],
     s_stage: List[int] = []
     s_value: List[int] = []
     prev: List[int] = []  # S values of the previous stage
-    last, of_node, users = vals.last, vals.of_node, vals.users
+    last, of_node = vals.last, vals.of_node
     for s in range(1, T + 1):
         cand = set(prev)
         lo_r, hi_r = stage_r[s - 1]
         for i in r_node[lo_r:hi_r]:
             if not pinned[i]:
                 cand.update(of_node[i])
-        # (kept for a reader the stage may compute again, not only for one at or after b_s: a value past its
-        # last reader in the log's order can still save recomputing its own node for that reader's recomputation)
-        here = set(r_node[stage_r[s][0]:stage_r[s][1]]) if s < T else set()
-        cur = sorted(v for v in cand if last[v] >= b[s] or any(u in here for u in users[v]))
+        cur = sorted(v for v in cand if last[v] >= b[s])
         s_value += cur
         s_stage += [s] * len(cur)
         prev = cur
