@@ -10,18 +10,18 @@ explain.
 from __future__ import annotations
 
 import math
-import warnings
 from typing import Any, Dict, Iterable, List, Optional, Set, Tuple
 
 import torch
 
 from dtr.core import Core, Hold
-from dtr.errors import BudgetWarning, OutOfBudgetError, ThrashingError
+from dtr.errors import OutOfBudgetError, ThrashingError
 from dtr.runtime import limits
 from dtr.runtime.costs import CostModel
 from dtr.runtime.escapes import PIN, READ, WRITE
 from dtr.runtime.failures import name_failure, recomputed_op_name
 from dtr.runtime.liveness import Liveness
+from dtr.runtime.lost_values import bring_back_each, fill_lost
 from dtr.runtime.prediction import PREDICTIONS
 from dtr.runtime.recompute import Recomputer
 from dtr.runtime.recorder import LogRecorder
@@ -537,7 +537,7 @@ class Driver(ReferencePath):
                 break
             except (ThrashingError, OutOfBudgetError) as e:
                 if core.budget < 0 and core.thrash_limit == math.inf:  # nothing left to lift: never loop
-                    self._fill_lost(f"{type(e).__name__}: {e}".split("\n")[0])
+                    fill_lost(core, self.table, f"{type(e).__name__}: {e}".split("\n")[0])
                     raise
                 if failure is None:
                     failure = ((OutOfBudgetError, e.needed, e.report) if isinstance(e, OutOfBudgetError)
@@ -548,45 +548,12 @@ class Driver(ReferencePath):
             except BaseException as e:
                 tries -= 1
                 if tries == 0:
-                    self._bring_back_each()
-                    self._fill_lost(f"{type(e).__name__}: {e}".split("\n")[0])
+                    bring_back_each(core, self.table)
+                    fill_lost(core, self.table, f"{type(e).__name__}: {e}".split("\n")[0])
                     raise
         self.timer.flush()  # the device's last measurements (one wait, at the end of the block)
         if failure is not None:  # (made by a function: a local naming it here would be a cycle with this frame)
             raise self._end_failure(failure, budget) from None
-
-    def _bring_back_each(self) -> None:
-        """After the bring-back failed twice: each held tensor on its own, limits lifted (Note [The end of a
-        block]), so that only those whose recomputation fails lose their values."""
-        core = self.core
-        core.set_budget(None)
-        core.set_thrash_limit(math.inf)
-        for t in list(self.table.alive.values()):
-            try:
-                core.pin_many([t], Hold.OUTPUT)
-            except KeyboardInterrupt:  # (interrupted again: the rest are filled)
-                break
-            except Exception:
-                continue
-
-    def _fill_lost(self, why: str) -> None:
-        """Give each storage the program holds that is still without its bytes 0xFF bytes, and warn (Note [The
-        end of a block])."""
-        core, lost, nbytes = self.core, 0, 0
-        for t in self.table.alive.values():
-            s = core.storage_of(t)
-            buf = self.table.phys.get(s)
-            st = buf.get() if buf is not None else None
-            n = core.storage_size(s)
-            if st is not None and st.nbytes() < n:
-                resize_storage(st, n)
-                st.fill_(255)  # type: ignore[attr-defined]  # (UntypedStorage.fill_ fills bytes)
-                lost, nbytes = lost + 1, nbytes + n
-        if lost:
-            warnings.warn(f"dtr: bringing back the tensors the program holds at the end of the block failed "
-                          f"({why}): {lost} storage(s), {nbytes} bytes, lost their values and hold 0xFF bytes "
-                          f"(NaN for floating dtypes); recompute them outside the block", BudgetWarning,
-                          stacklevel=4)
 
     def _end_failure(self, failure: tuple, budget: int) -> Exception:
         """The error of a bring-back that failed (finish's first failure's figures), naming what dtr was doing."""
