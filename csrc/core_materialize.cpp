@@ -391,7 +391,11 @@ void Core::abandon_frames(const std::vector<Frame>& stack) {
 // the program holds no reference to it (refs == 0), it is not pinned, and the
 // only lock on it is this op's single read of it (so no pending
 // recomputation needs it, and the op reads it once: as the buffer it
-// writes). Then room is made for the outputs less the handed bytes, the
+// writes), and no other planned recomputation of the same materialization
+// will read it (its `need` is this op's own read at most: Note [Planned
+// recomputation]; without that check, a bring-back whose targets shared an
+// old version handed it over and recomputed it again for each of them, and
+// random program 26 recomputed for minutes at the end of its block). Then room is made for the outputs less the handed bytes, the
 // memory counter grows by the same amount, and the old version is evicted
 // right after the op (finish), freeing nothing: its bytes are the new
 // version's. The driver sees Core::handed(s) during on_compute and moves the
@@ -411,6 +415,7 @@ int64_t Core::mark_handover(int op_id) {
     const Storage& sn = storages_[tensors_[op.outputs[i]].storage];
     if (sn.resident || sn.banished || so_id == tensors_[op.outputs[i]].storage) continue;
     if (!so.resident || so.refs != 0 || so.pinned || so.locks != 1 || so.wanted != 0 || so.handed) continue;
+    if (so.need > (op.planned ? 1 : 0)) continue;  // another planned recomputation reads it (see the Note)
     so.handed = true;
     bytes += so.size;
   }

@@ -394,6 +394,30 @@ def test_a_recomputed_in_place_write_takes_over_its_old_version(handover):
     assert not c.handed(c.storage_of(x))
 
 
+def test_an_old_version_a_planned_recomputation_still_reads_is_not_handed_over():
+    # y = g(x) reads x's old version; x2 is x written in place. Both are
+    # evicted, and one bring-back (pin_many) wants x2 and y. Recomputing the
+    # write must not take x's bytes over, since y's planned recomputation
+    # reads them next: x is recomputed once, not twice (handed over, it was
+    # recomputed again for each such reader, and random program 26 spun at
+    # the end of its block).
+    c = Core("lru", budget=100, semantics=Semantics(keep_needed=True, inplace_handover=True))
+    w = c.constant(0)
+    (x,) = c.call([w], [30], [-1], 1.0)
+    (y,) = c.call([x], [10], [-1], 1.0)
+    (x2,) = c.mutate_inplace([x], [0], 1.0)
+    (z,) = c.call([w], [80], [-1], 1.0)  # evicts the three
+    c.release(z)
+    assert not any(c.defined(t) for t in (x, y, x2))
+    runs = []
+    c.set_hooks(on_compute=lambda op, remat: runs.append(op))
+    c.pin_many([x2, y])
+    c.check()
+    assert c.defined(x2) and c.defined(y)
+    assert sorted(runs) == sorted({c.op_of(t) for t in (x, y, x2)})  # each op once
+    assert c.counters["remats"] == 3
+
+
 
 def test_a_recomputation_that_runs_out_of_budget_gives_its_locks_back():
     # b = g(a), a = f(x); a and b are evicted; d and e are locked. Bringing b
