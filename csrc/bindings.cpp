@@ -363,6 +363,7 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly("following", &Core::following)
       .def_property_readonly("plan_followed", &Core::plan_followed)
       .def_property_readonly("plan_diverged_at", &Core::plan_diverged_at)
+      .def_property_readonly("start_memory", &Core::start_memory)
       .def_property_readonly("plan_length", &Core::plan_length)
       .def_property_readonly("clock", &Core::clock)
       .def_property_readonly("memory", [](const Core& c) { return c.counters().memory; })
@@ -412,13 +413,15 @@ PYBIND11_MODULE(_C, m) {
 
   py::class_<FollowPlan>(m, "FollowPlan")
       .def(py::init([](std::vector<uint64_t> fingerprints, std::vector<int> starts,
-                       const std::vector<std::tuple<int, int, int>>& steps) {
-             FollowPlan p{std::move(fingerprints), std::move(starts), {}};
+                       const std::vector<std::tuple<int, int, int>>& steps, int64_t start_limit) {
+             if (start_limit < -1) throw std::invalid_argument("start_limit must be >= 0 bytes, or -1 for any");
+             FollowPlan p{std::move(fingerprints), std::move(starts), {}, start_limit};
              p.steps.reserve(steps.size());
              for (const auto& [kind, op, index] : steps) p.steps.push_back(PlanStep{kind, op, index});
              return p;
            }),
-           py::arg("fingerprints"), py::arg("starts"), py::arg("steps"))
+           py::arg("fingerprints"), py::arg("starts"), py::arg("steps"), py::arg("start_limit") = -1)
+      .def_readonly("start_limit", &FollowPlan::start_limit)
       .def_readonly("fingerprints", &FollowPlan::fingerprints)
       .def_readonly("starts", &FollowPlan::starts)
       .def_property_readonly("steps", [](const FollowPlan& p) {
@@ -473,7 +476,10 @@ PYBIND11_MODULE(_C, m) {
         d["needed_bytes"] = r.needed_bytes;
         d["failed_line"] = r.failed_line;
         d["instructions"] = r.instructions;
-        if (fingerprints) d["fingerprints"] = r.fingerprints;
+        if (fingerprints) {
+          d["fingerprints"] = r.fingerprints;
+          d["start_memory"] = r.start_memory;
+        }
         if (plan != nullptr) {
           d["plan_followed"] = r.plan_followed;
           d["plan_diverged_at"] = r.plan_diverged_at;

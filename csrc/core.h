@@ -113,6 +113,8 @@ struct FollowPlan {
   std::vector<uint64_t> fingerprints;  // per ordinal of the recorded step: what its op looked like
   std::vector<int> starts;             // per ordinal k: its steps are steps[starts[k], starts[k + 1])
   std::vector<PlanStep> steps;
+  int64_t start_limit = -1;  // the most bytes resident at the first op for it to be followed (-1: any;
+                             // Note [A step that starts with more] in core_follow.cpp)
 };
 
 // Why a resident storage could not be evicted when room ran out (Note [What filled the budget] in
@@ -355,6 +357,7 @@ class Core {
   bool following() const { return following_; }
   int64_t plan_followed() const { return following_ ? ordinal_ : plan_diverged_; }
   int64_t plan_diverged_at() const { return plan_diverged_; }
+  int64_t start_memory() const { return start_memory_; }  // bytes resident at the first op (-1: none yet)
   int64_t plan_length() const { return int64_t(plan_.fingerprints.size()); }
 
   // --- hooks for a driver that owns real memory --------------------------------
@@ -467,6 +470,7 @@ class Core {
   bool following_ = false;      // the ops so far matched plan_ (until the first that does not)
   int64_t ordinal_ = 0;         // the next op's ordinal
   int64_t plan_diverged_ = -1;  // the ordinal of the first op that did not match (-1: none)
+  int64_t start_memory_ = -1;   // c_.memory at ordinal 0's plan point (-1: not reached)
   std::vector<int> plan_op_;    // ordinal -> op id (-1: dropped by compact())
   std::vector<uint64_t> fps_;
   // The bound tree (Note [Choosing without scanning]): a min-tree over slots

@@ -52,6 +52,23 @@ namespace dtr {
 // Planned evictions are counted apart (Counters::planned_evictions): they
 // are neither the heuristic's choice nor a last release.
 
+// Note [A step that starts with more]
+// A plan is checked against the recorded step, which started with the bytes
+// resident at its first op (its constants: weights, gradients, optimizer
+// state, what the program kept). A later step can start with much more: an
+// optimizer inside the block creates its state in the first step, which is
+// then a constant of every later one from its first op. Following the first
+// step's plan there spent room the step did not have, and where the step then
+// diverged (the optimizer's first step is its own) the evictions the plan had
+// made left the online heuristic an impossible state: a loop online DTR runs
+// at 60% of its peak ran out of budget in every step after the first. So a
+// plan carries start_limit, the most bytes a step may hold at its first op
+// and still follow it (the recorded start plus a margin the heuristic makes
+// up for: dtr.sim.step_plan's START_MARGIN); a step that starts above it
+// diverges at its first op (ordinal 0) and runs online. The core records
+// the bytes at the first op of every fingerprinted run (start_memory) for the
+// planner and the runtime to compare.
+
 namespace {
 
 inline uint64_t mix(uint64_t h, uint64_t x) {  // (splitmix64's finalizer over h ^ x)
@@ -109,9 +126,11 @@ uint64_t Core::plan_point(const std::vector<int>& inputs, const std::vector<int6
   for (int t : inputs)  // (new_op reports a bad input with its own message)
     if (t < 0 || t >= int(tensors_.size())) return 0;
   const uint64_t fp = fingerprint(inputs, sizes, alias_of, inplace_of);
-  if (!following_) return fp;
   const int64_t k = ordinal_;
-  if (k >= int64_t(plan_.fingerprints.size()) || plan_.fingerprints[k] != fp) {
+  if (k == 0) start_memory_ = c_.memory;  // (see Note [A step that starts with more])
+  if (!following_) return fp;
+  if (k >= int64_t(plan_.fingerprints.size()) || plan_.fingerprints[k] != fp ||
+      (k == 0 && plan_.start_limit >= 0 && c_.memory > plan_.start_limit)) {
     following_ = false;
     plan_diverged_ = k;
     return fp;

@@ -152,6 +152,7 @@ ReplayResult replay(const Program& prog, const Config& cfg_in, bool check, bool 
   }
   res.counters = r.core.counters();
   res.fingerprints = r.core.fingerprints();
+  res.start_memory = r.core.start_memory();
   res.plan_followed = r.core.plan_followed();
   res.plan_diverged_at = r.core.plan_diverged_at();
   if (trace) {

@@ -58,6 +58,7 @@ struct ReplayResult {
   // With fingerprints: each op's (Note [Following a plan] in core_follow.cpp). With a plan: the ops that
   // matched it, and the ordinal of the first that did not (-1: none).
   std::vector<uint64_t> fingerprints;
+  int64_t start_memory = -1;  // with fingerprints: the bytes resident at the first op (Core::start_memory)
   int64_t plan_followed = 0, plan_diverged_at = -1;
 };
 

@@ -411,6 +411,8 @@ class Core:
     num_ops = _core_property("num_ops", "Ops in the core's tables.")
     num_collected_storages = _core_property("num_collected_storages",
                                             "Storages in the tables that collect() collected (compact() drops them).")
+    start_memory = _core_property("start_memory", "Bytes resident at the first op of a fingerprinted run (-1: not "
+                                  "reached; Note [A step that starts with more] in csrc/core_follow.cpp).")
     pool_size = _core_property("pool_size", "Storages the heuristic may evict now (resident, unlocked, not pinned).")
 
     def set_plan(self, plan: "_C.FollowPlan") -> None:

@@ -73,14 +73,22 @@ BACKGROUNDS = ("process", "thread", "inline")
 #   strays from the plan's prediction at the step's op speed (Note [A plan's
 #   prediction at the step's speed]) by more than ``drift`` (a fraction)
 #   three steps running is recorded and planned again;
-# - a step that ran out of budget (or thrashed) while following its plan, no
-#   op differing, drops that plan: the plan was checked against the recorded
-#   step, and a later step can start with more than that one did (the
-#   optimizer state the recorded step created, when the optimizer runs in the
-#   block, is a constant of every later step from its first op). Its
-#   signature is recorded again from the next step on, which starts as the
-#   steps after it do, and planned from that (the failed step's error goes to
-#   the program, as online DTR's would; plan_errors says why the plan went);
+# - a step that starts with more bytes resident than the recorded one did
+#   (beyond a margin) does not follow its plan: it diverges at its first op
+#   and runs online (Note [A step that starts with more] in
+#   csrc/core_follow.cpp). That is the common case of an optimizer inside the
+#   block: the first step creates its state, which every later step holds
+#   from its first op, and whose room the first step's plan spent. A step of
+#   the plan's own signature that starts so drops the plan, and the steps are
+#   recorded and planned again from their new start;
+# - a step that ran out of budget (or thrashed) after following any of its
+#   plan drops that plan: the plan was checked against the recorded step
+#   only, and what it evicted may leave a step that differs (or starts with
+#   more) nothing online can do (a loop following a plan in part ran out of
+#   budget in every step where online DTR fitted each). Its signature is
+#   recorded again from the next step on and planned from that (the failed
+#   step's error goes to the program, as online DTR's would; plan_errors
+#   says why the plan went);
 # - a recorded step whose signature turns out to have a plan already, or to
 #   have been found no better than online, is not planned again, and closing
 #   the budget while a step is planned lets that signature be planned later.
@@ -370,6 +378,7 @@ class StepPlans:
                   # (a step that ended, or failed, before the plan's end diverged where it stopped)
                   "plan_diverged_at": diverged if plan and diverged >= 0 else followed if mode == "diverged" else None,
                   "planned_evictions": counters["planned_evictions"],
+                  "start_bytes": core.start_memory,
                   "predicted_remat": plan.predicted_remat if plan else None,
                   "predicted_remat_seconds": plan.predicted_remat * _SECONDS[plan.cost_unit]
                   if plan and plan.cost_unit in _SECONDS else None,
@@ -384,12 +393,12 @@ class StepPlans:
             self._last = sig
         if mode == "planned" and plan is not None:
             self._check_drift(plan, stats, fields["expected_remat_seconds"])
-        if out_of_budget and plan is not None and diverged < 0:  # (see Note [Planned steps])
-            self.plans.pop(plan.signature, None)
-            self.tried.discard(plan.signature)
-            self.seen[plan.signature] = max(self.seen[plan.signature], self.policy.repeat)
-            self.errors.append(f"the plan for {plan.signature} ({plan.planner}) ran out of budget at op "
-                               f"{followed} of {length}; it was dropped, and the steps are recorded and planned again")
+        if plan is not None and out_of_budget and diverged != 0:  # (see Note [Planned steps])
+            where = f"at op {followed} of {length}" if diverged < 0 else f"after it diverged at op {diverged}"
+            self._drop(plan, f"ran out of budget {where}")
+        elif plan is not None and diverged == 0 and sig == plan.signature and not failed:
+            self._drop(plan, f"was made for a step that starts with {plan.start_bytes} bytes resident; this one "
+                             f"started with {core.start_memory}")
         if self._recording is not None:
             if log is not None and not failed:
                 shutil.copyfile(log, self._recording + (".gz" if log.endswith(".gz") else ""))
@@ -409,6 +418,14 @@ class StepPlans:
             self._recording = None
         self.steps.append({**stats, **fields})
         return fields
+
+    def _drop(self, plan: StepPlan, why: str) -> None:
+        """Drop a plan that failed its steps; its signature is recorded and planned again (Note [Planned steps])."""
+        self.plans.pop(plan.signature, None)
+        self.tried.discard(plan.signature)
+        self.seen[plan.signature] = max(self.seen[plan.signature], self.policy.repeat)
+        self.errors.append(f"the plan for {plan.signature} ({plan.planner}) {why}; it was dropped, and the steps "
+                           f"are recorded and planned again")
 
     def _check_drift(self, plan: StepPlan, stats: Dict[str, Any], expected: Optional[float]) -> None:
         """Re-plan a signature whose measured recomputation keeps straying from the plan (Note [Planned steps]).

@@ -45,6 +45,10 @@ FASTSA_STEPS_PER_NODE = 20_000
 #: The planner a plan uses unless told.
 DEFAULT_PLANNER = AUTO
 EVICT, RECOMPUTE = 0, 1
+#: A step may start with up to this fraction of the budget more than the recorded one did and still follow its
+#: plan (the online heuristic makes up for it); one that starts with more runs online (Note [A step that starts
+#: with more] in csrc/core_follow.cpp).
+START_MARGIN = 1 / 16
 
 
 class StepPlanError(DtrError):
@@ -79,6 +83,9 @@ class StepPlan:
         online_remats: those online DTR's replay makes.
         remat_overhead: the cost charged per recomputation when the plan was
             chosen, on top of its op's (Note [The cost of a recomputation]).
+        start_bytes: the bytes resident at the recorded step's first op, as a
+            later step counts them (Note [Planning the steps that follow]); -1:
+            unknown (then any step may follow it).
     """
 
     fingerprints: Tuple[int, ...]
@@ -96,6 +103,7 @@ class StepPlan:
     predicted_remats: int = 0
     online_remats: int = 0
     remat_overhead: float = 0.0
+    start_bytes: int = -1
     _follow: list = field(default_factory=list, repr=False, compare=False)  # the cached FollowPlan
 
     @property
@@ -108,16 +116,23 @@ class StepPlan:
         """The recorded step's signature (:func:`step_signature`)."""
         return step_signature(self.fingerprints)
 
+    @property
+    def start_limit(self) -> int:
+        """The most bytes a step may hold at its first op and follow the plan (-1: any): the recorded start plus
+        START_MARGIN of the budget (Note [A step that starts with more] in csrc/core_follow.cpp)."""
+        return -1 if self.start_bytes < 0 else self.start_bytes + int(self.budget_bytes * START_MARGIN)
+
     def follow_plan(self) -> FollowPlan:
         """The plan as the core takes it (made once)."""
         if not self._follow:
-            self._follow.append(FollowPlan(list(self.fingerprints), list(self.starts), list(self.steps)))
+            self._follow.append(FollowPlan(list(self.fingerprints), list(self.starts), list(self.steps),
+                                           start_limit=self.start_limit))
         return self._follow[0]
 
     def to_json(self) -> dict:
         d = {k: getattr(self, k) for k in ("status", "planner", "budget_bytes", "predicted_remat", "online_remat",
                                           "base_compute", "cost_unit", "message", "solve_seconds",
-                                          "predicted_remats", "online_remats", "remat_overhead")}
+                                          "predicted_remats", "online_remats", "remat_overhead", "start_bytes")}
         if not math.isfinite(d["online_remat"]):
             d["online_remat"] = None
         return {"format": "dtr-step-plan", "version": 1, **d, "fingerprints": [str(f) for f in self.fingerprints],
@@ -139,7 +154,7 @@ class StepPlan:
                 cost_unit=str(doc["cost_unit"]), message=str(doc.get("message", "")),
                 solve_seconds=float(doc.get("solve_seconds", 0.0)),
                 predicted_remats=int(doc.get("predicted_remats", 0)), online_remats=int(doc.get("online_remats", 0)),
-                remat_overhead=float(doc.get("remat_overhead", 0.0)))
+                remat_overhead=float(doc.get("remat_overhead", 0.0)), start_bytes=int(doc.get("start_bytes", -1)))
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise StepPlanError(f"not a step plan: {e}") from None
 
@@ -153,8 +168,13 @@ def step_signature(fingerprints: Sequence[int]) -> str:
 
 def log_fingerprints(log: Log) -> List[int]:
     """Each op's fingerprint in a replay of ``log`` without a budget (as the runtime that wrote it saw them)."""
-    return list(replay_program(log.program, "eqclass", None, semantics=log.semantics, fingerprints=True)
-                ["fingerprints"])
+    return _recorded(log)[0]
+
+
+def _recorded(log: Log) -> Tuple[List[int], int]:
+    """``log``'s fingerprints and the bytes resident at its first op, from one replay without a budget."""
+    r = replay_program(log.program, "eqclass", None, semantics=log.semantics, fingerprints=True)
+    return list(r["fingerprints"]), int(r["start_memory"])
 
 
 class _Baseline(NamedTuple):
@@ -167,6 +187,7 @@ class _Baseline(NamedTuple):
     base: float            # the step's own compute
     unit: str
     overhead: float        # the charge per recomputation (Note [The cost of a recomputation])
+    start: int             # the bytes resident at the step's first op
 
     def charged(self, remat: float, remats: int) -> float:
         """A recomputation's total: its ops' cost and the charge per recomputation."""
@@ -178,7 +199,7 @@ class _Baseline(NamedTuple):
         """A StepPlan for this step (no steps: following nothing, with ``status`` saying why)."""
         return StepPlan(self.fps, starts or tuple([0] * (len(self.fps) + 1)), steps, status, planner, self.budget,
                         predicted, self.online, self.base, self.unit, message, seconds, predicted_remats=remats,
-                        online_remats=self.online_remats, remat_overhead=self.overhead)
+                        online_remats=self.online_remats, remat_overhead=self.overhead, start_bytes=self.start)
 
 
 def _charged(pg: PlanGraph, overhead: float) -> PlanGraph:
@@ -323,7 +344,7 @@ def make_step_plan(log: Union[Log, str, os.PathLike], budget: int, planner: str 
         log = read_log(log)
     if later_steps:
         log, graph = later_step_log(log), None
-    fps = log_fingerprints(log)
+    fps, start = _recorded(log)
     g = graph or graph_from_log(log)
     online_raw = replay_program(log.program, get_heuristic("eqclass"), int(budget), semantics=log.semantics,
                                 thrash_limit=THRASH_LIMIT)
@@ -331,7 +352,7 @@ def make_step_plan(log: Union[Log, str, os.PathLike], budget: int, planner: str 
     if not (remat_overhead >= 0 and math.isfinite(remat_overhead)):
         raise ValueError(f"remat_overhead must be a finite cost >= 0, not {remat_overhead!r}")
     base = _Baseline(tuple(fps), int(budget), online_raw["remat_compute"] if ok else math.inf,
-                     online_raw["remats"] if ok else 0, g.base_compute, g.cost_unit, float(remat_overhead))
+                     online_raw["remats"] if ok else 0, g.base_compute, g.cost_unit, float(remat_overhead), start)
     try:
         pg = plan_graph(g)
     except PlanGraphError as e:
