@@ -137,21 +137,27 @@ def test_a_log_online_dtr_thrashes_on_finishes_by_following_its_plan():
     assert r.remat_compute == plan.predicted_remat
 
 
-@pytest.mark.parametrize("seed", range(4))
-def test_constants_a_step_declares_besides_do_not_end_the_plan(seed):
-    # A later step declares the storages the program kept from earlier blocks (a trainer's last loss, say) at
-    # its start, and which those are changes from step to step. The step is the same: it follows its plan to
-    # the end, to the same recomputation (constants have no ordinal: Note [Following a plan]), as long as they
-    # stay within the plan's margin (see the test below).
+def _dag_planned_at_60(seed: int):
+    """A random DAG's log planned at 60% of its peak: (budget, plan, a function giving the log with lines added
+    before its first)."""
     text = random_dag(seed, 40, kept=2, multi=True)
     log = parse_text(text)
     b = int(baseline(log)["peak_memory"] * 0.6)
     plan = make_step_plan(log, b, "lookahead", time_limit=5)
     assert plan.ok, plan.message
     meta, rest = text.split("\n", 1)
-    extra = "".join(json.dumps({"op": "constant", "id": f"kept{i}", "size": 1}) + "\n" for i in range(3))
+    return b, plan, lambda docs: parse_text(meta + "\n" + "".join(json.dumps(d) + "\n" for d in docs) + rest)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_constants_a_step_declares_besides_do_not_end_the_plan(seed):
+    # A later step declares the storages the program kept from earlier blocks (a trainer's last loss, say) at
+    # its start, and which those are changes from step to step. The step is the same: it follows its plan to
+    # the end, to the same recomputation (constants have no ordinal: Note [Following a plan]), as long as they
+    # stay within the plan's margin (see the test below).
+    b, plan, with_lines = _dag_planned_at_60(seed)
     assert 3 <= plan.start_limit - plan.start_bytes
-    later = parse_text(meta + "\n" + extra + rest)
+    later = with_lines([{"op": "constant", "id": f"kept{i}", "size": 1} for i in range(3)])
     assert step_signature(log_fingerprints(later)) == plan.signature
     r = replay(later, "eqclass", b + 3, thrash_limit=math.inf, plan=plan, check=True)
     assert r.status == "ok" and r.plan_diverged_at is None and r.plan_ops == len(plan.fingerprints)
@@ -163,16 +169,12 @@ def test_a_step_that_starts_with_more_than_the_recorded_one_runs_online(seed):
     # Note [A step that starts with more] in csrc/core_follow.cpp: the plan was checked for the recorded step's
     # start; a step holding more than START_MARGIN of the budget beyond it at its first op (an optimizer's
     # state, created by the recorded step) diverges at its first op and is exactly online DTR.
-    text = random_dag(seed, 40, kept=2, multi=True)
-    log = parse_text(text)
-    b = int(baseline(log)["peak_memory"] * 0.6)
-    plan = make_step_plan(log, b, "lookahead", time_limit=5)
-    assert plan.ok and plan.start_bytes > 0 and plan.start_limit == plan.start_bytes + int(b * START_MARGIN)
+    b, plan, with_lines = _dag_planned_at_60(seed)
+    assert plan.start_bytes > 0 and plan.start_limit == plan.start_bytes + int(b * START_MARGIN)
     assert plan.follow_plan().start_limit == plan.start_limit
-    meta, rest = text.split("\n", 1)
     margin = plan.start_limit - plan.start_bytes
     for extra, follows in ((margin, True), (margin + 1, False)):
-        later = parse_text(meta + "\n" + json.dumps({"op": "constant", "id": "state", "size": extra}) + "\n" + rest)
+        later = with_lines([{"op": "constant", "id": "state", "size": extra}])
         assert step_signature(log_fingerprints(later)) == plan.signature
         raw = replay_program(later.program, "eqclass", b + extra, semantics=later.semantics, plan=plan.follow_plan(),
                              fingerprints=True, check=True)
