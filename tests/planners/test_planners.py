@@ -96,8 +96,8 @@ def test_ilp_is_optimal_and_unbeaten_by_order_keeping_schedules():
 
 # A helper's counterexamples (2026-11-29): Rotor keeps a checkpoint until its segment's backward, so freeing a0
 # after it rebuilt a1 and rebuilding a0 from x before B1 (19) beats Rotor's best (20) at budget 39; and the
-# sparse ILP has no S variable for a value past its last reader in the log's order, so its "optimal" loses to
-# Chen's order-keeping schedule (33 against 36) at budget 143 (open).
+# sparse ILP once had no S variable for a value past its last reader in the log's order, so its "optimal" lost
+# to Chen's order-keeping schedule (33 against 36) at budget 143 (the exact ILP has them now; checkmate-lp not).
 _ROTOR_BEATEN = """{"op": "meta", "version": 1}
 {"op": "constant", "id": "x", "size": 3}
 {"op": "call", "name": "F0", "inputs": ["x"], "outputs": ["a0"], "sizes": [3], "aliases": [null], "cost": 1}
@@ -143,9 +143,6 @@ def test_rotor_is_optimal_only_among_its_own_schedules():
     assert ilp.status == "optimal" and ev_ilp.total_compute == 19
 
 
-@pytest.mark.xfail(reason="open: the sparse ILP has no S variable for a value past its last reader in the log's order; "
-                          "adding them (for readers a stage may recompute) fixed this log but made auto's "
-                          "checkmate-lp miss its time share in tests/runtime/test_step_plans.py", strict=True)
 def test_the_proven_ilp_is_not_beaten_by_an_order_keeping_schedule_past_a_value_s_last_reader():
     g = graph_from_log(parse_text(_ILP_ONCE_BEATEN))
     pg = plan_graph(g)

@@ -94,7 +94,7 @@ def plan_checkmate(pg: PlanGraph, budget: int, options: PlanOptions) -> PlanResu
         if state.best is not None:
             incs.append((state.best[0], "LP rounding", state.best[2]))
             incs.sort(key=lambda c: c[0])
-    group, window, fits = choose_group(pg, ILP_SHARE * (deadline - time.perf_counter()))
+    group, window, fits = choose_group(pg, ILP_SHARE * (deadline - time.perf_counter()), keep_for_recompute=True)
     if not fits:
         why = (f"the model over {math.ceil(pg.n / group)} stages is too large for the time left "
                f"(no model built)")
@@ -104,7 +104,7 @@ def plan_checkmate(pg: PlanGraph, budget: int, options: PlanOptions) -> PlanResu
             return PlanResult("checkmate", "timeout", tuple(seq), gap=base_gap, predicted_cost=cost,
                               message=f"{why}; {name}'s schedule; gap against the base compute")
         return PlanResult("checkmate", "timeout", None, message=why)
-    model = build_ilp(pg, budget, group, window)
+    model = build_ilp(pg, budget, group, window, keep_for_recompute=True)
     exact = model.exact
     size = model.size()
     inc = None  # (cost, name, seq, in the ILP's space)

@@ -77,7 +77,14 @@ __all__ = ["IlpModel", "build_ilp", "stage_bounds", "choose_group", "default_win
 #   own nodes (a restriction of Checkmate's space: a value computed in a
 #   stage is one that stage reads; rounding builds the same kind of
 #   schedule), never for a constant; S[s,v] only while v has a reader at or
-#   after b_s (or is referenced at the end) and was available in stage s-1;
+#   after b_s (or is referenced at the end) and was available in stage s-1,
+#   and, in the exact ILP (keep_for_recompute), also while stage s may
+#   compute a reader of v again (an R column of the stage): keeping v can
+#   save recomputing its node for that reader's recomputation, and without
+#   those S a proven "optimal" lost to an order-keeping schedule (36 against
+#   Chen's 33 on a helper's 13-line log). The LP rounding (checkmate-lp)
+#   leaves them out: its model stays small enough for its time share in
+#   ``auto``, and it claims no optimum;
 #   FREE[s,v,k] only when no node of the stage itself (R fixed at 1) reads v
 #   after k and v is not kept to the end; a FREE with no hazard at all is
 #   the constant 1 and moves into the memory row's right-hand side (on
@@ -182,7 +189,7 @@ def stage_bounds(n: int, group: int) -> Tuple[int, ...]:
     return tuple(range(0, n, g)) + (n,)
 
 
-def choose_group(pg: PlanGraph, seconds: float) -> Tuple[int, int, bool]:
+def choose_group(pg: PlanGraph, seconds: float, keep_for_recompute: bool = False) -> Tuple[int, int, bool]:
     """The finest stage grouping and recomputation window whose model fits ``seconds`` of solving.
 
     Tries Checkmate's own model (one node per stage, no window), then the
@@ -191,21 +198,25 @@ def choose_group(pg: PlanGraph, seconds: float) -> Tuple[int, int, bool]:
     sqrt(seconds)``, but never fewer than ``MIN_STAGES`` stages (Note [A
     sparse model that scales]).
 
+    Args:
+        keep_for_recompute: count the S columns of :func:`build_ilp`'s ``keep_for_recompute``.
+
     Returns:
         (group, window, fits): ``fits`` is False when even the coarsest
         grouping is over the cap (the planners then build nothing).
     """
     n = pg.n
+    keep = keep_for_recompute
     cap = int(COLS_PER_ROOT_SECOND * math.sqrt(max(seconds, 0.5))) + 1
     vals = _values(pg)
-    if _columns(pg, vals, 1, n, limit=cap) is not None:
+    if _columns(pg, vals, 1, n, limit=cap, keep=keep) is not None:
         return 1, n, True
     win = default_window(pg)
     g, coarsest = 1, max(1, math.ceil(n / MIN_STAGES))
-    while g < coarsest and _columns(pg, vals, g, win, limit=cap) is None:
+    while g < coarsest and _columns(pg, vals, g, win, limit=cap, keep=keep) is None:
         g *= 2
     g = min(g, coarsest)
-    return g, win, g < coarsest or _columns(pg, vals, g, win, limit=cap) is not None
+    return g, win, g < coarsest or _columns(pg, vals, g, win, limit=cap, keep=keep) is not None
 
 
 def default_window(pg: PlanGraph) -> int:
@@ -317,9 +328,10 @@ class _Columns:
 
 
 def _columns(pg: PlanGraph, vals: _Values, group: int, window: Optional[int],
-             limit: Optional[int] = None) -> Optional[_Columns]:
+             limit: Optional[int] = None, keep: bool = False) -> Optional[_Columns]:
     """R columns (ancestors within the window, then the stage's own nodes) and S columns, by stage.
 
+    ``keep``: S columns also for a value a stage may recompute a reader of (build_ilp's ``keep_for_recompute``).
     Returns None as soon as there are more than ``limit`` columns.
     """
     n = pg.n
@@ -345,14 +357,15 @@ def _columns(pg: PlanGraph, vals: _Values, group: int, window: Optional[int],
     s_stage: List[int] = []
     s_value: List[int] = []
     prev: List[int] = []  # S values of the previous stage
-    last, of_node = vals.last, vals.of_node
+    last, of_node, users = vals.last, vals.of_node, vals.users
     for s in range(1, T + 1):
         cand = set(prev)
         lo_r, hi_r = stage_r[s - 1]
         for i in r_node[lo_r:hi_r]:
             if not pinned[i]:
                 cand.update(of_node[i])
-        cur = sorted(v for v in cand if last[v] >= b[s])
+        here = set(r_node[stage_r[s][0]:stage_r[s][1]]) if keep and s < T else set()
+        cur = sorted(v for v in cand if last[v] >= b[s] or (here and any(u in here for u in users[v])))
         s_value += cur
         s_stage += [s] * len(cur)
         prev = cur
@@ -361,7 +374,8 @@ def _columns(pg: PlanGraph, vals: _Values, group: int, window: Optional[int],
     return _Columns(b, r_stage, r_node, stage_r, s_stage, s_value, cut)
 
 
-def build_ilp(pg: PlanGraph, budget: int, group: int = 1, window: Optional[int] = None) -> IlpModel:
+def build_ilp(pg: PlanGraph, budget: int, group: int = 1, window: Optional[int] = None,
+              keep_for_recompute: bool = False) -> IlpModel:
     """Assemble the ILP of Note [The Checkmate ILP] (sparse, pruned; scipy CSR).
 
     Args:
@@ -370,6 +384,11 @@ def build_ilp(pg: PlanGraph, budget: int, group: int = 1, window: Optional[int] 
         group: nodes per stage (1: Checkmate's own model).
         window: hops within which a stage may recompute an ancestor
             (None: no limit; :func:`choose_group` picks one for large graphs).
+        keep_for_recompute: S variables also for a value past its last
+            reader in the log's order that a stage may recompute a reader of
+            (Note [The Checkmate ILP]): the exact ILP's, so that its
+            ``optimal`` covers every order-keeping schedule; the LP rounding
+            leaves them out (a smaller model, solved within its time share).
 
     Returns:
         The :class:`IlpModel`.
@@ -379,7 +398,7 @@ def build_ilp(pg: PlanGraph, budget: int, group: int = 1, window: Optional[int] 
     t_build = time.perf_counter()
     n = pg.n
     vals = _values(pg)
-    cols_ = _columns(pg, vals, group, window)
+    cols_ = _columns(pg, vals, group, window, keep=keep_for_recompute)
     assert cols_ is not None
     b = cols_.bounds
     T = len(b) - 1
