@@ -395,8 +395,9 @@ void Core::abandon_frames(const std::vector<Frame>& stack) {
 // will read it (its `need` is this op's own read at most: Note [Planned
 // recomputation]; without that check, a bring-back whose targets shared an
 // old version handed it over and recomputed it again for each of them, and
-// random program 26 recomputed for minutes at the end of its block). Then room is made for the outputs less the handed bytes, the
-// memory counter grows by the same amount, and the old version is evicted
+// random program 26 recomputed for minutes at the end of its block). Then
+// room is made for the outputs less the handed bytes, the memory counter
+// grows by the same amount, and the old version is evicted
 // right after the op (finish), freeing nothing: its bytes are the new
 // version's. The driver sees Core::handed(s) during on_compute and moves the
 // buffer instead of copying it; a replay's trace reports the free before the
