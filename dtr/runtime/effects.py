@@ -13,7 +13,8 @@ import torch
 
 __all__ = ["COLLECTIVE_NAMESPACES", "REBINDS", "RESIZES", "SEEDED", "grown_storage", "has_device_argument",
            "has_hidden_writes", "is_collective", "may_write",
-           "native_op_info", "overwrites_self", "register_writes", "schema_writes", "written_args"]
+           "native_op_info", "overwrites_self", "register_writes", "schema_writes", "writes_out_arguments",
+           "written_args"]
 
 _generation = 0  # how many times rules were registered
 # op overload packet name -> f(args, kwargs) -> positions of written tensor args
@@ -57,6 +58,19 @@ def schema_writes(func: torch._ops.OpOverload) -> Tuple[Tuple[int, ...], Tuple[i
         writes = tuple(i for i, a in enumerate(s.arguments) if a.alias_info is not None and a.alias_info.is_write)
         views = tuple(i for i, r in enumerate(s.returns) if r.alias_info is not None)
         got = _schema_cache[func] = (writes, views)
+    return got
+
+
+_out_cache: Dict[torch._ops.OpOverload, bool] = {}
+
+
+def writes_out_arguments(func: torch._ops.OpOverload) -> bool:
+    """Whether ``func`` writes a keyword-only argument (an ``out=`` overload), whose storage its kernel may grow
+    (Note [Outputs an op grows] in reference.py). Cached per overload."""
+    got = _out_cache.get(func)
+    if got is None:
+        arguments = func._schema.arguments
+        got = _out_cache[func] = any(arguments[i].kwarg_only for i in schema_writes(func)[0])
     return got
 
 

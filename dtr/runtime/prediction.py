@@ -6,7 +6,7 @@ this cache on a signature's first sight.
 """
 from __future__ import annotations
 
-from typing import Any, Dict, List, NamedTuple, Optional
+from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 
 import torch
 
@@ -27,6 +27,9 @@ class Prediction(NamedTuple):
     sizes: Optional[List[int]]   # bytes of each output that owns a new storage (None: unknown)
     owning: Optional[List[int]]  # their positions among the flattened outputs
     metas: List[torch.Tensor]    # the meta outputs (shapes for cost estimates)
+    #: (leaf position, bytes after the op) of each tensor argument whose storage the meta run grew: an out=
+    #: argument smaller than the result (Note [Outputs an op grows] in reference.py)
+    grown: Tuple[Tuple[int, int], ...] = ()
 
 
 # Note [Sizes before allocation]
@@ -96,7 +99,9 @@ class PredictionCache:
             meta = [torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device="meta")
                     if isinstance(x, torch.Tensor) else x for x in leaves]
             margs, mkwargs = tree_unflatten(meta, spec)
+            before = [(i, _storage(x).nbytes()) for i, x in enumerate(meta) if isinstance(x, torch.Tensor)]
             mout = tree_flatten(func(*margs, **mkwargs))[0]
+            grown = tuple((i, _storage(meta[i]).nbytes()) for i, n in before if _storage(meta[i]).nbytes() > n)
             metas = {id(x) for x in meta if isinstance(x, torch.Tensor)}
             in_storages = {_storage(x)._cdata for x in meta if isinstance(x, torch.Tensor)}
             owning, sizes = [], []
@@ -105,7 +110,7 @@ class PredictionCache:
                         _storage(o)._cdata not in in_storages:
                     owning.append(i)
                     sizes.append(_storage(o).nbytes())
-            pred = Prediction(sizes, owning, [o for o in mout if isinstance(o, torch.Tensor)])
+            pred = Prediction(sizes, owning, [o for o in mout if isinstance(o, torch.Tensor)], grown)
         except Exception:  # data-dependent or without a meta kernel: sizes known only after running
             # (an in-place op allocates nothing: Note [Writes without a prediction] in unpredicted.py)
             pred = Prediction([], [], []) if _in_place(func) else Prediction(None, None, [])

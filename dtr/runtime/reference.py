@@ -22,6 +22,7 @@ from dtr.runtime.effects import (
     SEEDED,
     grown_storage,
     is_collective,
+    writes_out_arguments,
     written_args,
 )
 from dtr.runtime.layouts import opaque_keys, signature_layouts
@@ -30,7 +31,7 @@ from dtr.runtime.prediction import Prediction, PredictionCache
 from dtr.runtime.pytree import count_leaves, tree_flatten
 from dtr.runtime.recompute import Recipe, Recomputer, Slot, bits_of, old_values, rng_capture, slot_of
 from dtr.runtime.recorder import LogRecorder
-from dtr.runtime.storage_table import Buf, StorageTable, opaque, subclass_types, trackable
+from dtr.runtime.storage_table import Buf, StorageTable, opaque, resize_storage, subclass_types, trackable
 from dtr.runtime.timing import ProvisionalCosts, Timer
 from dtr.runtime.unpredicted import AccountedAfter, Call
 
@@ -114,6 +115,8 @@ class ReferencePath(AccountedAfter):
             return self._rebind(func, args, kwargs)
         if func._schema.name in RESIZES and self._grows_storage(func, args, kwargs):
             return func(*args, **kwargs)  # see Note [Tensors the program resizes] in effects.py
+        if writes_out_arguments(func):
+            self._grow_outputs(func, leaves, spec)  # see Note [Outputs an op grows]
         self.ops_seen += 1
         core = self.core
         if self.timer.pending:  # costs measured on the device since the last op
@@ -265,6 +268,31 @@ class ReferencePath(AccountedAfter):
             return False
         self.end_storage(_storage(grown[0]), grown[1])
         return True
+
+    # Note [Outputs an op grows]
+    # An out= op whose out tensor is smaller than its result (``torch.tanh(x,
+    # out=torch.empty(0))``) grows that tensor's storage inside its kernel, with
+    # no op dispatched. Taken as an in-place write of the storage at its old
+    # size, its new version kept the old size in the core: dtr counted 0 bytes
+    # for 16 KiB, and recomputing the write handed the new bytes over into a
+    # buffer of the old size, which failed at the end of the block and left
+    # the program's tensors 0xFF-filled. So before such an op, each written
+    # storage that the op's meta run grew (Prediction.grown) and that is
+    # smaller than that is grown first, as a program resizing the storage
+    # itself would be (Note [Storages the program resizes] in driver.py): dtr
+    # ends the storage, grows it outside the core, and the op then reads and
+    # writes a constant of its new size. The kernel finds the bytes it needs
+    # and resizes only the tensor (with PyTorch's own warning where it warns).
+    def _grow_outputs(self, func, leaves, spec) -> None:
+        """Before an out= op: grow the written storages it would grow (Note [Outputs an op grows])."""
+        sig = (func, signature_layouts(leaves), _get_default_dtype())
+        for pos, nbytes in self.predictions.of_op(func, leaves, spec, sig).grown:
+            x = leaves[pos]
+            st = _storage(x)
+            needed = x.storage_offset() * x.element_size() + nbytes
+            if needed > st.nbytes() and self._trackable(x):
+                self.end_storage(st, needed)
+                resize_storage(st, needed)
 
     # Note [Writes that protecting pins]
     # An op that writes a constant and other tensors at once (a fused

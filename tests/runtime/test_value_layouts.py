@@ -124,6 +124,40 @@ def test_a_tensor_whose_storage_resize_grows_is_a_new_constant():
     assert got == want
 
 
+@pytest.mark.parametrize("entry", ["default", "mode", "reference"])
+def test_a_storage_an_out_op_grows_is_counted_at_its_new_size(entry):
+    """Note [Outputs an op grows] in dtr/runtime/reference.py: ``torch.tanh(x, out=torch.empty(0))`` grows the
+    storage inside its kernel. The core counted the new version at 0 bytes, and bringing it back at the end of
+    the block handed 16 KiB into a 0-byte buffer: the block raised RuntimeError and the tensors held 0xFF (a
+    helper's hunt, 2026-11-29)."""
+    n = 64
+    kw = {"mode": {"entry": "mode"}, "reference": {"native": False}}.get(entry, {})
+
+    def prog():
+        torch.manual_seed(0)
+        a = torch.randn(n, n)
+        x = torch.empty(n, n)
+        torch.mm(a, a, out=x)
+        y = torch.empty(n, n)
+        torch.add(x, 1, out=y)
+        torch.mul(y, x, out=x)
+        z = torch.empty(0)
+        torch.tanh(x, out=z)
+        return [x, y, z, z @ y]
+
+    want = prog()
+    with dtr.budget(None, cost_model="flops") as b:
+        prog()
+    assert b.stats["peak_bytes"] >= 5 * n * n * 4  # (a, x, y, z and z @ y: z counted at its grown size)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", dtr.BudgetWarning)  # (no value may be lost)
+        with pytest.raises(dtr.OutOfBudgetError):  # (the kept tensors do not fit: they come back beyond it)
+            with dtr.budget(int(b.stats["peak_bytes"] * 0.6), cost_model="flops", **kw) as b2:
+                got = prog()
+    assert b2.stats["evictions"] > 0 and b2.stats["remats"] > 0
+    assert all(torch.equal(g, w) for g, w in zip(got, want))
+
+
 def test_quantized_and_zero_tensors_are_left_alone():
     """Note [Other layouts]: a quantized tensor's quantizer, and a zero tensor's missing memory, are not in a
     storage dtr could rebuild; dtr neither tracks nor evicts them, and what is computed from them is exact."""

@@ -74,12 +74,15 @@ def lazy_bits(a: torch.Tensor) -> torch.Tensor:
 
 def grown(a: torch.Tensor) -> torch.Tensor:
     """A tensor whose storage ``Tensor.resize_`` grows (Note [Tensors the program resizes] in
-    dtr/runtime/reference.py), its new half filled, read with ``a``."""
+    dtr/runtime/effects.py), its new half filled, and one an out= op grows from no elements (Note [Outputs an
+    op grows] in dtr/runtime/reference.py), read with ``a``."""
     n = a.shape[0]
     b = torch.tanh(a.detach() * 1.0)  # (resize_ refuses a tensor that requires grad)
     b.resize_(2 * n, *a.shape[1:])
     b[n:] = a.detach() * 0.5
-    return (b[:n] + b[n:]) * a
+    c = torch.empty(0, dtype=b.dtype, device=b.device)
+    torch.sin(b[n:], out=c)
+    return (b[:n] + b[n:] + c) * a
 
 
 def quantized(a: torch.Tensor) -> torch.Tensor:
