@@ -6,6 +6,7 @@ this cache on a signature's first sight.
 """
 from __future__ import annotations
 
+import warnings
 from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 
 import torch
@@ -100,7 +101,9 @@ class PredictionCache:
                     if isinstance(x, torch.Tensor) else x for x in leaves]
             margs, mkwargs = tree_unflatten(meta, spec)
             before = [(i, _storage(x).nbytes()) for i, x in enumerate(meta) if isinstance(x, torch.Tensor)]
-            mout = tree_flatten(func(*margs, **mkwargs))[0]
+            with warnings.catch_warnings():  # (the op's own warnings are the real run's to give)
+                warnings.simplefilter("ignore")
+                mout = tree_flatten(func(*margs, **mkwargs))[0]
             grown = tuple((i, _storage(meta[i]).nbytes()) for i, n in before if _storage(meta[i]).nbytes() > n)
             metas = {id(x) for x in meta if isinstance(x, torch.Tensor)}
             in_storages = {_storage(x)._cdata for x in meta if isinstance(x, torch.Tensor)}
@@ -122,7 +125,9 @@ class PredictionCache:
         if pred is not None:
             return pred
         try:
-            mout = tree_flatten(func(*args, **dict(kwargs, device=torch.device("meta"))))[0]
+            with warnings.catch_warnings():  # (the op's own warnings are the real run's to give)
+                warnings.simplefilter("ignore")
+                mout = tree_flatten(func(*args, **dict(kwargs, device=torch.device("meta"))))[0]
             owning = [i for i, o in enumerate(mout) if isinstance(o, torch.Tensor) and o.is_meta and not opaque(o)]
             pred = Prediction([_storage(mout[i]).nbytes() for i in owning], owning, [mout[i] for i in owning])
         except Exception:  # no meta kernel, or an argument the meta device refuses (pin_memory)

@@ -8,6 +8,7 @@ The rules are in the Note [...] blocks next to the code they explain.
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from itertools import chain
 from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
@@ -283,14 +284,30 @@ class ReferencePath(AccountedAfter):
     # ends the storage, grows it outside the core, and the op then reads and
     # writes a constant of its new size. The kernel finds the bytes it needs
     # and resizes only the tensor (with PyTorch's own warning where it warns).
+    # The size compared is the storage's true one: dtr's, for a storage it
+    # tracks (an evicted storage reads 0 bytes, and "growing" it to a view's
+    # result shrank it). An out= tensor that shares its storage with another
+    # argument is left to the kernel: the meta run gives each argument a
+    # storage of its own, so it predicts a result where the real op may refuse
+    # the overlap (``torch.add(x, b, out=x)`` with a broadcast shape raises).
     def _grow_outputs(self, func, leaves, spec) -> None:
         """Before an out= op: grow the written storages it would grow (Note [Outputs an op grows])."""
         sig = (func, signature_layouts(leaves), _get_default_dtype())
-        for pos, nbytes in self.predictions.of_op(func, leaves, spec, sig).grown:
+        grown = self.predictions.of_op(func, leaves, spec, sig).grown
+        if not grown:
+            return
+        addresses = Counter(_storage(x)._cdata for x in leaves if isinstance(x, torch.Tensor))
+        for pos, nbytes in grown:
             x = leaves[pos]
             st = _storage(x)
+            if addresses[st._cdata] > 1 or not self._trackable(x):
+                continue
             needed = x.storage_offset() * x.element_size() + nbytes
-            if needed > st.nbytes() and self._trackable(x):
+            t = self.table.version.get(st._cdata)
+            s = None if t is None else self.core.storage_of(t)
+            buf = None if s is None else self.table.phys.get(s)
+            have = st.nbytes() if s is None or buf is None or buf.dead() else self.core.storage_size(s)
+            if needed > have:
                 self.end_storage(st, needed)
                 resize_storage(st, needed)
 

@@ -14,6 +14,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import dtr  # noqa: E402
+from dtr.runtime.prediction import PREDICTIONS  # noqa: E402
 
 _storage = torch._C.TensorBase.untyped_storage
 
@@ -156,6 +157,47 @@ def test_a_storage_an_out_op_grows_is_counted_at_its_new_size(entry):
                 got = prog()
     assert b2.stats["evictions"] > 0 and b2.stats["remats"] > 0
     assert all(torch.equal(g, w) for g, w in zip(got, want))
+
+
+@pytest.mark.parametrize("entry", ["default", "mode", "reference"])
+def test_out_ops_that_grow_nothing_leave_storages_as_plain_pytorch_does(entry):
+    """Note [Outputs an op grows]: an out= view into a storage dtr evicted fits in it (the evicted storage
+    reads 0 bytes: it was "grown" to the view's result, which shrank it); an out= tensor that is also an input
+    is the kernel's to grow or refuse; PyTorch's resize warning comes once, not again from dtr's meta run (a
+    helper's hunt, 2026-11-29)."""
+    n = 64
+    kw = {"mode": {"entry": "mode"}, "reference": {"native": False}}.get(entry, {})
+
+    def prog():
+        torch.manual_seed(0)
+        a = torch.randn(n, n)
+        base = torch.tanh(a @ a) + 1
+        v = base.view(-1)[:0]  # (no elements, inside base's 16 KiB)
+        b = a
+        for _ in range(6):
+            b = torch.tanh(b @ b * 0.01)  # (base is evicted)
+        torch.tanh(b[:2], out=v)
+        x = b[0].clone()
+        with pytest.raises(RuntimeError, match="shape"):
+            torch.add(x, b, out=x)  # (out is self: the broadcast result does not fit, in plain PyTorch too)
+        z = torch.ones(3, 3)
+        torch.tanh(b[:1], out=z)  # (too small and not empty: PyTorch warns, and resizes)
+        return [base, v, x, z], [t.untyped_storage().nbytes() for t in (base, x, z)]
+
+    with warnings.catch_warnings(record=True) as plain_warnings:
+        warnings.simplefilter("always")
+        want = prog()
+    with dtr.budget(None, cost_model="flops") as b:
+        prog()
+    PREDICTIONS.clear()  # (each op's meta run happens again, in the block that records warnings)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        with dtr.budget(int(b.stats["peak_bytes"] * 0.6), cost_model="flops", **kw) as b2:
+            got = prog()
+    assert b2.stats["evictions"] > 0
+    assert all(torch.equal(g, w) for g, w in zip(got[0], want[0])) and got[1] == want[1]
+    assert [str(w.message) for w in seen if not issubclass(w.category, dtr.BudgetWarning)] == \
+        [str(w.message) for w in plain_warnings]
 
 
 def test_quantized_and_zero_tensors_are_left_alone():
