@@ -41,7 +41,10 @@ class Prediction(NamedTuple):
 # cache per block reran every op on meta tensors each step: 15-25% of a small
 # CNN's step). An op without a meta kernel, or whose output sizes depend on
 # its data, is cached as unknown (``sizes`` None): it is accounted for after
-# it ran. Past limits.MAX_PREDICTIONS entries the cache starts over.
+# it ran. Past limits.MAX_PREDICTIONS entries the cache starts over. The meta
+# run's warnings are silenced: PyTorch's own (an out= tensor resized) came
+# twice, once from dtr's frame. A warning PyTorch gives only once per process
+# (TORCH_WARN_ONCE) that the meta kernel gives too is then not seen at all.
 def _in_place(func: Any) -> bool:
     """Whether every return of ``func`` is its ``self``, written in place (``Tensor(a!)``): it allocates nothing.
 
