@@ -30,6 +30,10 @@ def _chain(step, fraction=0.6):
     return want, got
 
 
+#: The budget options of each entry: the dispatch key (the default on the CPU), a mode, the Python reference.
+_ENTRIES = {"default": {}, "mode": {"entry": "mode"}, "reference": {"native": False}}
+
+
 def _w():
     return torch.randn(256, 256, generator=torch.Generator().manual_seed(7)) * 0.05
 
@@ -125,14 +129,14 @@ def test_a_tensor_whose_storage_resize_grows_is_a_new_constant():
     assert got == want
 
 
-@pytest.mark.parametrize("entry", ["default", "mode", "reference"])
+@pytest.mark.parametrize("entry", sorted(_ENTRIES))
 def test_a_storage_an_out_op_grows_is_counted_at_its_new_size(entry):
     """Note [Outputs an op grows] in dtr/runtime/reference.py: ``torch.tanh(x, out=torch.empty(0))`` grows the
     storage inside its kernel. The core counted the new version at 0 bytes, and bringing it back at the end of
     the block handed 16 KiB into a 0-byte buffer: the block raised RuntimeError and the tensors held 0xFF (a
     helper's hunt, 2026-11-29)."""
     n = 64
-    kw = {"mode": {"entry": "mode"}, "reference": {"native": False}}.get(entry, {})
+    kw = _ENTRIES[entry]
 
     def prog():
         torch.manual_seed(0)
@@ -159,14 +163,14 @@ def test_a_storage_an_out_op_grows_is_counted_at_its_new_size(entry):
     assert all(torch.equal(g, w) for g, w in zip(got, want))
 
 
-@pytest.mark.parametrize("entry", ["default", "mode", "reference"])
+@pytest.mark.parametrize("entry", sorted(_ENTRIES))
 def test_out_ops_that_grow_nothing_leave_storages_as_plain_pytorch_does(entry):
     """Note [Outputs an op grows]: an out= view into a storage dtr evicted fits in it (the evicted storage
     reads 0 bytes: it was "grown" to the view's result, which shrank it); an out= tensor that is also an input
     is the kernel's to grow or refuse; PyTorch's resize warning comes once, not again from dtr's meta run (a
     helper's hunt, 2026-11-29)."""
     n = 64
-    kw = {"mode": {"entry": "mode"}, "reference": {"native": False}}.get(entry, {})
+    kw = _ENTRIES[entry]
 
     def prog():
         torch.manual_seed(0)
