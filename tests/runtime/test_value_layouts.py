@@ -129,18 +129,28 @@ def test_a_tensor_whose_storage_resize_grows_is_a_new_constant():
     assert got == want
 
 
+def _square(n: int = 64) -> torch.Tensor:
+    """A seeded n x n input (the out= tests' program starts from it)."""
+    torch.manual_seed(0)
+    return torch.randn(n, n)
+
+
+def _peak(prog) -> int:
+    """The peak of ``prog()`` in a block with no limit."""
+    with dtr.budget(None, cost_model="flops") as b:
+        prog()
+    return b.stats["peak_bytes"]
+
+
 @pytest.mark.parametrize("entry", sorted(_ENTRIES))
 def test_a_storage_an_out_op_grows_is_counted_at_its_new_size(entry):
     """Note [Outputs an op grows] in dtr/runtime/reference.py: ``torch.tanh(x, out=torch.empty(0))`` grows the
     storage inside its kernel. The core counted the new version at 0 bytes, and bringing it back at the end of
     the block handed 16 KiB into a 0-byte buffer: the block raised RuntimeError and the tensors held 0xFF (a
     helper's hunt, 2026-11-29)."""
-    n = 64
-    kw = _ENTRIES[entry]
-
     def prog():
-        torch.manual_seed(0)
-        a = torch.randn(n, n)
+        a = _square()
+        n = a.shape[0]
         x = torch.empty(n, n)
         torch.mm(a, a, out=x)
         y = torch.empty(n, n)
@@ -151,13 +161,12 @@ def test_a_storage_an_out_op_grows_is_counted_at_its_new_size(entry):
         return [x, y, z, z @ y]
 
     want = prog()
-    with dtr.budget(None, cost_model="flops") as b:
-        prog()
-    assert b.stats["peak_bytes"] >= 5 * n * n * 4  # (a, x, y, z and z @ y: z counted at its grown size)
+    peak = _peak(prog)
+    assert peak >= 5 * 64 * 64 * 4  # (a, x, y, z and z @ y: z counted at its grown size)
     with warnings.catch_warnings():
         warnings.simplefilter("error", dtr.BudgetWarning)  # (no value may be lost)
         with pytest.raises(dtr.OutOfBudgetError):  # (the kept tensors do not fit: they come back beyond it)
-            with dtr.budget(int(b.stats["peak_bytes"] * 0.6), cost_model="flops", **kw) as b2:
+            with dtr.budget(int(peak * 0.6), cost_model="flops", **_ENTRIES[entry]) as b2:
                 got = prog()
     assert b2.stats["evictions"] > 0 and b2.stats["remats"] > 0
     assert all(torch.equal(g, w) for g, w in zip(got, want))
@@ -169,12 +178,8 @@ def test_out_ops_that_grow_nothing_leave_storages_as_plain_pytorch_does(entry):
     reads 0 bytes: it was "grown" to the view's result, which shrank it); an out= tensor that is also an input
     is the kernel's to grow or refuse; PyTorch's resize warning comes once, not again from dtr's meta run (a
     helper's hunt, 2026-11-29)."""
-    n = 64
-    kw = _ENTRIES[entry]
-
     def prog():
-        torch.manual_seed(0)
-        a = torch.randn(n, n)
+        a = _square()
         base = torch.tanh(a @ a) + 1
         v = base.view(-1)[:0]  # (no elements, inside base's 16 KiB)
         b = a
@@ -191,12 +196,11 @@ def test_out_ops_that_grow_nothing_leave_storages_as_plain_pytorch_does(entry):
     with warnings.catch_warnings(record=True) as plain_warnings:
         warnings.simplefilter("always")
         want = prog()
-    with dtr.budget(None, cost_model="flops") as b:
-        prog()
+    peak = _peak(prog)
     PREDICTIONS.clear()  # (each op's meta run happens again, in the block that records warnings)
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
-        with dtr.budget(int(b.stats["peak_bytes"] * 0.6), cost_model="flops", **kw) as b2:
+        with dtr.budget(int(peak * 0.6), cost_model="flops", **_ENTRIES[entry]) as b2:
             got = prog()
     assert b2.stats["evictions"] > 0
     assert all(torch.equal(g, w) for g, w in zip(got[0], want[0])) and got[1] == want[1]
