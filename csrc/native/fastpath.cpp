@@ -195,19 +195,52 @@ PyObject* argument_to_python(const c10::Argument& arg, const c10::IValue& v) {
   }
 }
 
+// Note [Ops on meta tensors]
+// An op whose tensor arguments are all on the meta device (or a factory told to allocate there) touches no
+// memory: the reference runs it and tracks nothing (storage_table.trackable refuses meta tensors). Through
+// the key it still cost a round trip to Python, and worse, the reference's result came back as a tensor that
+// already had a Python object. torch's _make_subclass and as_subclass, which give the tensor their own
+// detach or alias returns a new Python object, then refused it ("already associated to a python object"):
+// nn.Parameter of a meta tensor (nn.Linear(..., device="meta")), FakeTensorMode and make_fx failed in a
+// block. torch spares a mode's handler those two ops by taking every mode off the stack around them; the key
+// cannot tell, so such an op passes the key in C++, as it passes a block that owns no key.
+bool meta_only(c10::ArrayRef<c10::IValue> in) {
+  bool meta = false;
+  auto tensor_is_meta = [&meta](const at::Tensor& t) {
+    if (!t.defined()) return true;
+    meta = true;
+    return t.is_meta();
+  };
+  for (const c10::IValue& v : in) {
+    if (v.isTensor()) {
+      if (!tensor_is_meta(v.toTensor())) return false;
+    } else if (v.isTensorList()) {
+      for (const at::Tensor& t : v.toTensorList().vec())
+        if (!tensor_is_meta(t)) return false;
+    } else if (v.isList()) {
+      for (const c10::IValue& x : v.toListRef())
+        if (x.isTensor() && !tensor_is_meta(x.toTensor())) return false;
+    } else if (v.isDevice()) {
+      if (v.toDevice().type() != c10::DeviceType::Meta) return false;
+      meta = true;
+    }
+  }
+  return meta;
+}
+
 void key_entry(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
   // dtr's own work and the op's are below this key and outside autograd (see the Note above)
   c10::impl::ExcludeDispatchKeyGuard off(c10::DispatchKeySet(c10::DispatchKeySet::FULL) ^
                                          c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, kEntryKey));
   pybind11::gil_scoped_acquire gil;
   FastPath* f = key_owner;
-  if (f == nullptr) {  // (no block owns the key: pass the op on)
-    op.redispatchBoxed(ks & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, kEntryKey), stack);
-    return;
-  }
   const auto& schema_args = op.schema().arguments();
   size_t n = schema_args.size();
   auto in = torch::jit::last(*stack, n);
+  if (f == nullptr || meta_only(in)) {  // (no block owns the key, or no memory: pass the op on)
+    op.redispatchBoxed(ks & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, kEntryKey), stack);
+    return;
+  }
   size_t n_pos = 0;
   for (const auto& a : schema_args) n_pos += !a.kwarg_only();
   PyObject* func = python_op(op);

@@ -57,6 +57,9 @@ _get_default_dtype = torch.get_default_dtype
 # weakly (Note [Constants held weakly] in storage_table.py).
 
 
+_FAKE_MODE = torch._C._TorchDispatchModeKey.FAKE
+
+
 class ReferencePath(AccountedAfter):
     """The reference per-op path of a :class:`~dtr.runtime.driver.Driver` (its state is the driver's)."""
 
@@ -97,9 +100,17 @@ class ReferencePath(AccountedAfter):
     # key). An op that still meets a wrapper (one a subclass runs on itself with
     # the Python key excluded, through the dispatch key) leaves it alone as a
     # tensor of another layout (Note [Other layouts]; storage_table.opaque).
+    # Fake tensors are the exception: while torch's FakeTensorMode is active,
+    # a FakeTensor declines its ops too, leaving them to that mode, which
+    # torch keeps below every mode of the program's. Declined twice, an op on
+    # fake tensors failed in a block (``a @ a``: unsupported operand types).
+    # Such an op touches no memory: the mode passes it on, down to the fake
+    # mode, as a mode that does not care for an op does.
     def _dispatch(self, func, types, args=(), kwargs=None):
         """The reference per-op path (``__torch_dispatch__`` without naming budget errors)."""
         if types and subclass_types(types):  # see Note [Tensor subclasses]
+            if torch._C._get_dispatch_mode(_FAKE_MODE) is not None:
+                return func(*args, **(kwargs or {}))
             return NotImplemented
         kwargs = kwargs or {}
         leaves, spec = tree_flatten((args, kwargs))

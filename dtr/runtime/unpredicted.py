@@ -65,8 +65,11 @@ class AccountedAfter:
         """
         rng = None
         if SEEDED in func.tags:  # (a factory: the generator of the device it allocates on)
-            device = kwargs.get("device")
-            rng = rng_capture(func, leaves, torch.device(device) if device is not None else torch.device("cpu"))
+            device = torch.device(kwargs["device"]) if kwargs.get("device") is not None else torch.device("cpu")
+            # (only a factory whose outputs the block may track is recomputed; on the meta device, which has
+            # no generator, torch.randn(..., device="meta") failed in a block)
+            if device.type != "meta" and self.device_type in (None, device.type):
+                rng = rng_capture(func, leaves, device)
         reserved = self._reserve_factory(func, args, kwargs, leaves)
         if reserved is not None:
             op, sizes, predicted, metas = reserved
