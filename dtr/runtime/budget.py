@@ -303,7 +303,7 @@ class Budget:
                 **self.log_meta, "cost_unit": self.cost_model.unit, "budget_bytes": self.budget_bytes,
                 "heuristic": self.heuristic.name, "recorded_by": "dtr.budget", **self.semantics.to_meta()})
         self._driver = Driver(self._core, self.cost_model, recorder, self._device)
-        self._restore_escapes = patch_escapes(self._driver.escape, self._driver.resize)
+        self._restore_escapes = patch_escapes(self._driver.escape, self._driver.resize, self._driver.escape_storage)
         # See Note [Compiled code in a block]; set_stance sets it now, and its __exit__ restores the old one.
         self._stance = torch.compiler.set_stance("force_eager")
         self.entered = entries.enter(self._driver, self.native, self.entry).kind

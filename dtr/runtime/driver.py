@@ -366,11 +366,18 @@ class Driver(ReferencePath):
                 name_failure(self, e, "bringing back a tensor whose bytes are read outside PyTorch")
                 raise
 
+    def escape_storage(self, st: torch.UntypedStorage, how: str = PIN) -> None:
+        """:meth:`escape` for a storage's own bytes (``UntypedStorage.data_ptr``: Note [Escaped memory])."""
+        if self.receives_ops():
+            with self.off():
+                x = torch.empty(0, dtype=torch.uint8, device=st.device).set_(st)  # (a tensor over all of it)
+            self.escape(x, how)
+
     # Note [Bytes written outside PyTorch]
-    # Memory handed out writable (a NumPy array, DLPack, a data pointer,
-    # shared memory: escapes.WRITE, Note [Escaped memory] in escapes.py; not
-    # torch.save, pickle or a storage object, whose writes are dispatched or
-    # wrapped) can be written
+    # Memory handed out writable (a NumPy array, DLPack, a data pointer, a
+    # storage's data pointer, shared memory: escapes.WRITE, Note [Escaped
+    # memory] in escapes.py; not torch.save, pickle or a storage object's
+    # other methods, whose writes are dispatched or wrapped) can be written
     # without any dispatched op, and so can memory PyTorch does not own (a
     # tensor from torch.from_numpy, from_dlpack or frombuffer: its storage
     # cannot be resized). A recomputation reads its inputs as they are when it

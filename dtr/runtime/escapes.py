@@ -14,7 +14,10 @@
 #   ``const_data_ptr``, DLPack (``__dlpack__``, ``torch.utils.dlpack.to_dlpack``
 #   and ``torch.to_dlpack``), ``__cuda_array_interface__``, ``share_memory_``,
 #   the storage objects (``untyped_storage()``, ``storage()``: whoever holds
-#   one can read or share its bytes at any time), and pickling
+#   one can read or share its bytes at any time; their writes are dispatched,
+#   except through the storage's own ``data_ptr``, which is WRITE as a
+#   tensor's is: a value computed from bytes written through it came back
+#   computed from the new bytes), and pickling
 #   (``__reduce_ex__``: ``pickle``, ``torch.save``, ``copy.copy`` and
 #   multiprocessing queues; ``torch.save`` reduces every tensor before it
 #   writes any storage's bytes, so bringing them back one at a time could
@@ -28,8 +31,10 @@
 #   dispatched: WRITE too (an evicted result lost their writes; run on an
 #   evicted tensor, they crashed on its empty storage).
 # - bring back only: the bytes are read at once, before any other op:
-#   ``.tolist()`` and ``copy.deepcopy`` (its copy is a dispatched op from then
-#   on, which dtr tracks like any other).
+#   ``.tolist()``, ``copy.deepcopy`` (its copy is a dispatched op from then
+#   on, which dtr tracks like any other) and ``repr`` (``print``, ``str``:
+#   torch formats a tensor with every dispatch mode off, so through the mode's
+#   entry an evicted tensor's format read its empty storage and raised).
 # The other tensors a wrapped method takes (``map_``'s and ``map2_``'s
 # operands) are pinned: bringing one back must not evict another.
 #
@@ -78,6 +83,7 @@ ESCAPING: Dict[str, str] = {
     "storage": PIN,
     "__reduce_ex__": PIN,
     "tolist": READ,
+    "__repr__": READ,  # (torch formats a tensor with every mode off: the mode's entry saw none of its ops)
     "__deepcopy__": READ,
     "apply_": WRITE,
     "map_": WRITE,
@@ -111,6 +117,7 @@ _depth = threading.local()  # escapes in progress on this thread
 # are made once per original and kept, so that entering a block does not build them again each time.
 _active: List[Optional[Callable[[torch.Tensor, str], None]]] = [None]
 _active_resize: List[Optional[Callable[[torch.UntypedStorage, int], None]]] = [None]  # the same for resizes
+_active_storage: List[Optional[Callable[[torch.UntypedStorage, str], None]]] = [None]  # and for a storage's bytes
 _wrappers: Dict[Tuple[int, str], Tuple[Callable, Callable]] = {}  # (id(original), how) -> (original, wrapper)
 
 
@@ -188,21 +195,41 @@ def _resize_wrapper(self, *args, **kwargs):
 
 functools.update_wrapper(_resize_wrapper, _resize_original)
 
+_data_ptr_original = torch.UntypedStorage.data_ptr
+
+
+def _data_ptr_wrapper(self, *args, **kwargs):
+    """``UntypedStorage.data_ptr`` after the active block's ``escape_storage(storage, WRITE)`` (Note [Escaped
+    memory])."""
+    escape = _active_storage[0]
+    if escape is not None and not getattr(_depth, "n", 0):
+        _depth.n = 1
+        try:
+            escape(self, WRITE)
+        finally:
+            _depth.n = 0
+    return _data_ptr_original(self, *args, **kwargs)
+
+
+functools.update_wrapper(_data_ptr_wrapper, _data_ptr_original)
+
 
 def patch_escapes(escape: Callable[[torch.Tensor, str], None],
-                  resize: Optional[Callable[[torch.UntypedStorage, int], None]] = None) -> Callable[[], None]:
+                  resize: Optional[Callable[[torch.UntypedStorage, int], None]] = None,
+                  escape_storage: Optional[Callable[[torch.UntypedStorage, str], None]] = None) -> Callable[[], None]:
     """Wrap the ways out of the dispatcher to call ``escape(tensor, how)`` first (Note [Escaped memory]).
 
     Args:
         escape: called before a tensor's bytes leave the dispatcher.
         resize: called before the program resizes a storage itself (``UntypedStorage.resize_``).
+        escape_storage: called before a storage's bytes leave the dispatcher (``UntypedStorage.data_ptr``).
 
     Returns:
         A function that restores everything as it was.
     """
     saved: List[Tuple[object, str, object, bool]] = []  # (owner, name, original, was in owner's __dict__)
-    before, before_resize = _active[0], _active_resize[0]
-    _active[0], _active_resize[0] = escape, resize
+    before = _active[0], _active_resize[0], _active_storage[0]
+    _active[0], _active_resize[0], _active_storage[0] = escape, resize, escape_storage
 
     def replace(owner: object, name: str, new: object) -> None:
         own = name in vars(owner) if isinstance(owner, type) else True
@@ -231,6 +258,8 @@ def patch_escapes(escape: Callable[[torch.Tensor, str], None],
             replace(torch.Tensor, name, _raw_integers(original))
     if resize is not None and torch.UntypedStorage.resize_ is _resize_original:
         replace(torch.UntypedStorage, "resize_", _resize_wrapper)
+    if escape_storage is not None and torch.UntypedStorage.data_ptr is _data_ptr_original:
+        replace(torch.UntypedStorage, "data_ptr", _data_ptr_wrapper)
     for name in _HIDDEN:
         if name in vars(torch.Tensor):
             saved.append((torch.Tensor, name, vars(torch.Tensor)[name], True))
@@ -242,6 +271,6 @@ def patch_escapes(escape: Callable[[torch.Tensor, str], None],
                 setattr(owner, name, original)
             else:  # inherited (from torch._C.TensorBase): drop the wrapper to uncover it
                 delattr(owner, name)
-        _active[0], _active_resize[0] = before, before_resize
+        _active[0], _active_resize[0], _active_storage[0] = before
 
     return restore

@@ -185,10 +185,21 @@ def test_a_write_that_also_reads_its_target_is_one_write(tmp_path, write):
     assert (r.status, r.evictions, r.remats) == (ReplayStatus.OK, b.stats["evictions"], b.stats["remats"])
 
 
+def _fill(t: torch.Tensor, a) -> None:
+    a[:] = 5.0
+
+
+def _memset(t: torch.Tensor, p: int) -> None:
+    ctypes.memset(p, 0, t.nbytes)
+
+
+# How the bytes escape (what the write needs), and the write itself.
 _RAW_WRITES = {
-    "numpy": lambda t, a: a.__setitem__(slice(None), 5.0),
-    "data_ptr": lambda t, a: ctypes.memset(t.data_ptr(), 0, t.nbytes),
-    "dlpack": lambda t, a: np.from_dlpack(t).__setitem__(slice(None), 5.0),
+    "numpy": (lambda t: t.numpy(), _fill),  # (looked up in the block, where dtr wraps it)
+    "data_ptr": (lambda t: t.data_ptr(), _memset),
+    "dlpack": (np.from_dlpack, _fill),
+    "storage-data_ptr": (lambda t: t.untyped_storage().data_ptr(), _memset),
+    "typed-storage-data_ptr": (lambda t: t._typed_storage()._data_ptr(), _memset),
 }
 
 
@@ -196,22 +207,24 @@ _RAW_WRITES = {
 @pytest.mark.parametrize("when", ["before", "after"])
 def test_values_computed_from_bytes_written_outside_pytorch_are_exact(how, when):
     """Note [Bytes written outside PyTorch] in dtr/runtime/driver.py: bytes that escaped (a NumPy array, a
-    data pointer, DLPack) and are written there. Escaped before the chain, its first op's result is pinned;
-    escaped after it, what the program holds that was computed from it is protected. Before, an evicted value
-    came back computed from the new bytes (y.sum() 163840 against 32768)."""
+    data pointer, DLPack, a storage's data pointer) and are written there. Escaped before the chain, its first
+    op's result is pinned; escaped after it, what the program holds that was computed from it is protected.
+    Before, an evicted value came back computed from the new bytes (y.sum() 163840 against 32768; through a
+    storage's data pointer, until it was wrapped too)."""
+    escape, write = _RAW_WRITES[how]
     w = torch.randn(256, 256, generator=torch.Generator().manual_seed(7)) * 0.05
 
     def step(budget):
         t = torch.ones(64, 256)
         with dtr.budget(budget, cost_model="flops") as b:
-            a = t.numpy() if when == "before" else None
+            a = escape(t) if when == "before" else None
             y = t * 2
             hs = [y]
             for i in range(16 if when == "before" else 4):
                 hs.append(torch.tanh(hs[-1] @ w + i))
             if when == "after":
-                a = t.numpy()
-            _RAW_WRITES[how](t, a)
+                a = escape(t)
+            write(t, a)
             more = [torch.tanh(y * i) for i in range(6 if when == "before" else 12)]
             sums = [h.sum().item() for h in hs + more]
             del hs, y, more
@@ -245,3 +258,28 @@ def test_values_computed_from_numpy_memory_written_there_are_exact():
     got, stats = step((4 + 1 + 10) * 64 * 256 * 4)
     assert stats["evictions"] > 0 and stats["remats"] > 0
     assert got == want
+
+
+@pytest.mark.parametrize("entry", [{"entry": "key"}, {"entry": "mode"}, {"native": False}],
+                         ids=["key", "mode", "reference"])
+def test_an_evicted_tensor_prints_as_plain_pytorch_prints_it(entry):
+    """torch formats a tensor with every dispatch mode off, so through the mode's entry ``repr`` of an evicted
+    tensor read its empty storage and raised ("out of bounds for storage of size 0"): repr brings it back
+    first, as .tolist() does (Note [Escaped memory] in dtr/runtime/escapes.py)."""
+    g = torch.Generator().manual_seed(0)
+    ws = [torch.randn(32, 32, generator=g) * 0.3 for _ in range(12)]
+    x = torch.randn(1024, 32, generator=g)
+
+    def step():
+        hs, h = [], x
+        for w in ws:
+            h = torch.tanh(h @ w)
+            hs.append(h)
+        return repr(hs[3]), str(hs[4]), [h.sum() for h in hs]
+
+    want = step()
+    with dtr.budget(12 * 1024 * 32 * 4 // 2, cost_model="flops", **entry) as b:
+        got = step()
+    assert b.stats["evictions"] > 0 and b.stats["remats"] > 0, b.stats
+    assert got[:2] == want[:2]
+    assert all(torch.equal(a, c) for a, c in zip(got[2], want[2]))
