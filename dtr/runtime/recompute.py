@@ -34,6 +34,11 @@ for _k in ("AutocastCUDA", "AutocastXPU", "AutocastMPS", "AutocastHPU", "Autocas
            "AutocastMTIA", "AutocastXLA"):
     if hasattr(torch._C.DispatchKey, _k):
         _AUTOCAST = _AUTOCAST | torch._C.DispatchKeySet(getattr(torch._C.DispatchKey, _k))
+# The keys of vmap and of torch.func's transforms (see the same Note): a recomputation runs outside them.
+# (torch._vmap_internals' VmapMode has no name in Python's DispatchKey: parsed from its C++ name)
+_EXCLUDED = _AUTOCAST
+for _k in ("VmapMode", "FuncTorchVmapMode", "FuncTorchDynamicLayerFrontMode", "FuncTorchDynamicLayerBackMode"):
+    _EXCLUDED = _EXCLUDED | torch._C.DispatchKeySet(torch._C._parse_dispatch_key(_k))
 _no_autocast = torch._C._ExcludeDispatchKeyGuard
 
 # Note [Versions]
@@ -104,6 +109,12 @@ class Recipe(NamedTuple):
 #   (where the program is when it reads a tensor or ends the block), a
 #   float32 matmul recorded with autocast off came back computed in bfloat16.
 #   A recomputation runs with every autocast key excluded.
+# - vmap and torch.func's transforms. The recorded op is what a batching
+#   rule or a transform passed down, on plain tensors. Run again from the top
+#   inside a vmap (autograd's is_grads_batched backward runs under
+#   torch._vmap_internals' vmap), a recomputed torch.randn met vmap's check
+#   for random ops and raised. A recomputation runs with their keys excluded,
+#   as the dispatch key's entry runs all of dtr's work below them.
 # - The default dtype. Factories without dtype= and Python scalars promoted
 #   against integer tensors take it: a tensor made while the program had set
 #   float64 came back as float32 values converted. A recipe records it; a
@@ -260,7 +271,7 @@ class Recomputer:
         if dtype is not r.dtype:
             torch.set_default_dtype(r.dtype)
         try:
-            with _no_autocast(_AUTOCAST):
+            with _no_autocast(_EXCLUDED):
                 out = r.func(*args, **kwargs)
         except BaseException:
             for st in moved:  # the new version stays evicted; the core evicts the old one too

@@ -1,4 +1,4 @@
-"""Autograd's modes under a budget: the grad mode a recomputation runs under, and forward-mode AD's zero tensors.
+"""Autograd's modes under a budget: the grad mode a recomputation runs under, vmap, and forward-mode AD's zero tensors.
 
 Both were found by hand (a helper's hunt, 2026-11-29): an nn.LSTM's weight gradients differed from plain
 PyTorch's in the last bits (Note [What a recomputation restores] in dtr/runtime/recompute.py), and forward-mode
@@ -88,3 +88,26 @@ def test_forward_mode_ad_is_exact_under_eviction():
     assert b.stats["evictions"] > 0 and b.stats["remats"] > 0
     for g, w in zip(got, want):
         assert torch.equal(g, w)
+
+
+def _batched_grads_step():
+    torch.manual_seed(0)
+    ws = [nn.Parameter(torch.randn(64, 64) / 8) for _ in range(10)]
+    x = torch.randn(1024, 64, requires_grad=True)  # a random op's result, evicted and recomputed in backward
+    h = x
+    for w in ws:
+        h = torch.tanh(h @ w)
+    v = torch.randn(4, *h.shape)
+    return torch.autograd.grad(h, x, v, is_grads_batched=True)[0]
+
+
+@pytest.mark.parametrize("entry", [{"entry": "key"}, {"entry": "mode"}, {"native": False}],
+                         ids=["key", "mode", "reference"])
+def test_a_recomputation_inside_a_vmap_runs_outside_it(entry):
+    """autograd.grad(..., is_grads_batched=True) runs backward under a vmap: a random op recomputed there met
+    vmap's check for random ops and raised on the mode's entries (Note [What a recomputation restores])."""
+    want = _batched_grads_step()
+    with dtr.budget(int(_peak(_batched_grads_step) * 0.5), cost_model="flops", **entry) as b:
+        got = _batched_grads_step()
+    assert b.stats["evictions"] > 0 and b.stats["remats"] > 0, b.stats
+    assert torch.equal(got, want)
