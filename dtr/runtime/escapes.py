@@ -58,6 +58,7 @@
 from __future__ import annotations
 
 import functools
+import sys
 import threading
 from typing import Callable, Dict, List, Optional, Tuple
 
@@ -199,16 +200,32 @@ _data_ptr_original = torch.UntypedStorage.data_ptr
 
 
 def _data_ptr_wrapper(self, *args, **kwargs):
-    """``UntypedStorage.data_ptr`` after the active block's ``escape_storage(storage, WRITE)`` (Note [Escaped
-    memory])."""
+    """``UntypedStorage.data_ptr`` after the active block's ``escape_storage(storage, how)`` (Note [Escaped
+    memory]): WRITE, or PIN when torch itself asks (Note [A storage's data pointer])."""
     escape = _active_storage[0]
     if escape is not None and not getattr(_depth, "n", 0):
+        frame = sys._getframe(1)
+        while frame.f_back is not None and frame.f_globals.get("__name__") == "torch.storage":
+            frame = frame.f_back  # (TypedStorage.data_ptr asks on its caller's behalf)
+        caller = frame.f_globals.get("__name__", "")
         _depth.n = 1
         try:
-            escape(self, WRITE)
+            escape(self, PIN if caller == "torch" or caller.startswith("torch.") else WRITE)
         finally:
             _depth.n = 0
     return _data_ptr_original(self, *args, **kwargs)
+
+
+# Note [A storage's data pointer]
+# torch's own Python code asks a storage for its data pointer to tell
+# storages apart, never to write through it: torch.save's persistent ids
+# (after __reduce_ex__ has returned, so outside that escape), FSDP's checks
+# of its parameters. As WRITE, a tensor saved inside a block made everything
+# computed from it pinned (a saved tensor's dependents then ran a tight block
+# out of budget). So a call from a torch module pins the storage (brought
+# back, never evicted), and a call from anywhere else is WRITE: the program
+# may write through the pointer (ctypes), as through a tensor's data_ptr.
+# torch.storage's TypedStorage.data_ptr asks for its caller: the caller decides.
 
 
 functools.update_wrapper(_data_ptr_wrapper, _data_ptr_original)
