@@ -56,13 +56,33 @@
 namespace dtr::native {
 namespace {
 
+// Note [A new tensor for detach and alias]
+// torch's _make_subclass (nn.Parameter, FakeTensor) and as_subclass give the result of their detach or alias
+// a new Python object, and refuse a tensor that has one ("already associated to a python object"). torch
+// spares a mode's handler those two ops (it takes every mode off the stack around them); the key cannot
+// tell, and the reference's result has the Python object it was made with. So a detach or alias that went
+// to the reference returns a shallow copy of its result: the same storage, sizes, strides and offset, with
+// no Python object (nn.Parameter of a torch.from_numpy tensor, or of a sparse, quantized or nested one,
+// raised in a block). dtr tracks storages, not tensor objects, and autograd's view of the result is made
+// above the key from whatever is returned. Ops on meta tensors never get here (Note [Ops on meta tensors]).
+bool gives_new_tensor(const c10::OperatorHandle& op) {
+  static const c10::OperatorName detach("aten::detach", ""), alias("aten::alias", "");
+  const c10::OperatorName& name = op.operator_name();
+  return name == detach || name == alias;
+}
+
 // The reference's result in place of the op's arguments on the stack (what torch's Python fallback does).
 void push_result(const KeyCall& kc, PyObject* r) {
   const auto& returns = kc.op->schema().returns();
   torch::jit::drop(*kc.stack, kc.n_args);
   if (returns.empty()) return;
   if (returns.size() == 1) {
-    kc.stack->push_back(torch::jit::toIValue(r, returns[0].real_type()));
+    c10::IValue v = torch::jit::toIValue(r, returns[0].real_type());
+    if (v.isTensor() && v.toTensor().defined() && gives_new_tensor(*kc.op)) {  // see the Note above
+      const c10::TensorImpl* impl = v.toTensor().unsafeGetTensorImpl();
+      v = at::Tensor(impl->shallow_copy_and_detach(impl->version_counter(), impl->allow_tensor_metadata_change()));
+    }
+    kc.stack->push_back(std::move(v));
     return;
   }
   if (!PyTuple_Check(r) || PyTuple_GET_SIZE(r) != static_cast<Py_ssize_t>(returns.size()))
