@@ -38,7 +38,9 @@ for _k in ("AutocastCUDA", "AutocastXPU", "AutocastMPS", "AutocastHPU", "Autocas
 # (torch._vmap_internals' VmapMode has no name in Python's DispatchKey: parsed from its C++ name)
 _EXCLUDED = _AUTOCAST
 for _k in ("VmapMode", "FuncTorchVmapMode", "FuncTorchDynamicLayerFrontMode", "FuncTorchDynamicLayerBackMode"):
-    _EXCLUDED = _EXCLUDED | torch._C.DispatchKeySet(torch._C._parse_dispatch_key(_k))
+    _key = torch._C._parse_dispatch_key(_k)  # (None for a name this torch does not have)
+    if _key is not None:
+        _EXCLUDED = _EXCLUDED | torch._C.DispatchKeySet(_key)
 _no_autocast = torch._C._ExcludeDispatchKeyGuard
 
 # Note [Versions]
