@@ -67,7 +67,7 @@ import torch.utils.dlpack
 
 from dtr.runtime.storage_table import resize_storage
 
-__all__ = ["ESCAPING", "PIN", "READ", "WRITE", "patch_escapes"]
+__all__ = ["ESCAPING", "PIN", "READ", "WRITE", "in_raw_call", "patch_escapes"]
 
 #: How a way out treats the memory: READ brings it back, PIN also pins it, WRITE also marks it as memory
 #: that can be written outside PyTorch (Note [Bytes written outside PyTorch] in driver.py).
@@ -108,7 +108,11 @@ _ESCAPING_FUNCTIONS = ((torch.utils.dlpack, "to_dlpack"), (torch, "to_dlpack"))
 # wrapped where torch looks them up at each call (torch._VF for
 # pad_packed_sequence), so that a name the program imported before the
 # block still goes through the wrapper.
-_RAW_FUNCTIONS = ((torch, "tensor_split"), (torch, "ctc_loss"), (torch._VF, "_pad_packed_sequence"))
+# pack_padded_sequence reads its lengths and writes the batch sizes it returns the same way, and the packed
+# LSTM and GRU read those batch sizes; a tensor the function allocates and writes through its pointer while
+# it runs is pinned as it is made (Note [Tensors a raw function allocates] in unpredicted.py).
+_RAW_FUNCTIONS = ((torch, "tensor_split"), (torch, "ctc_loss"), (torch._VF, "_pad_packed_sequence"),
+                  (torch._VF, "_pack_padded_sequence"))
 _RAW_METHODS = ("tensor_split",)
 # Class attributes hidden during a block (see the Note).
 _HIDDEN = ("__dlpack_c_exchange_api__",)
@@ -166,7 +170,11 @@ def _raw_integers(original: Callable) -> Callable:
             for x in (*args, *kwargs.values()):
                 if isinstance(x, torch.Tensor) and not x.is_floating_point() and not x.is_complex():
                     escape(x, PIN)
-            out = original(*args, **kwargs)
+            _depth.raw = 1
+            try:
+                out = original(*args, **kwargs)
+            finally:
+                _depth.raw = 0
             for x in out if isinstance(out, (tuple, list)) else (out,):
                 if isinstance(x, torch.Tensor) and not x.is_floating_point() and not x.is_complex():
                     escape(x, PIN)
@@ -229,6 +237,11 @@ def _data_ptr_wrapper(self, *args, **kwargs):
 
 
 functools.update_wrapper(_data_ptr_wrapper, _data_ptr_original)
+
+
+def in_raw_call() -> bool:
+    """Whether a function of Note [Ops that touch bytes through raw pointers] is running in this thread."""
+    return bool(getattr(_depth, "raw", 0))
 
 
 def patch_escapes(escape: Callable[[torch.Tensor, str], None],

@@ -10,9 +10,10 @@ from typing import TYPE_CHECKING, Any, Dict, List, NamedTuple, Optional, Sequenc
 
 import torch
 
-from dtr.core import Core
+from dtr.core import Core, Hold
 from dtr.runtime.costs import CostModel
 from dtr.runtime.effects import SEEDED, has_device_argument
+from dtr.runtime.escapes import in_raw_call
 from dtr.runtime.layouts import hashable, view_positions
 from dtr.runtime.prediction import PredictionCache
 from dtr.runtime.pytree import tree_flatten
@@ -24,6 +25,10 @@ __all__ = ["AccountedAfter", "Call"]
 
 # Tensor.untyped_storage unwrapped: a block wraps the public method (Note [Escaped memory] in escapes.py).
 _storage = torch._C.TensorBase.untyped_storage
+
+
+#: Factories whose bytes are whatever the allocator gave (Note [Tensors a raw function allocates]).
+_UNINITIALISED = frozenset({"aten::empty", "aten::empty_strided", "aten::empty_permuted"})
 
 
 class Call(NamedTuple):
@@ -84,6 +89,7 @@ class AccountedAfter:
                 self.ops_seen += 1
                 cost = 1.0 if self.cost_model.measured else self.cost_model.estimate(func, (), {}, metas)
                 self._commit(Call(func, leaves, spec, [], [], rng), op, flat_out, sizes, owning, cost)
+                self._pin_raw_allocations(func, flat_out, owning)
                 return out
             self.core.abort_call(op)  # the meta run was wrong about it: account for what it made
         else:
@@ -93,7 +99,33 @@ class AccountedAfter:
             owning = [i for i, o in enumerate(flat_out) if self._trackable(o) and i not in views]
         if not owning:
             return out
-        return self._account_after(Call(func, leaves, spec, [], [], rng), out, flat_out, owning)
+        self._account_after(Call(func, leaves, spec, [], [], rng), out, flat_out, owning)
+        self._pin_raw_allocations(func, flat_out, owning)
+        return out
+
+    # Note [Tensors a raw function allocates]
+    # pad_packed_sequence's C++ allocates its lengths tensor (aten::empty: a
+    # factory dtr tracks), takes its data pointer, and writes the lengths
+    # through it between dispatched ops (the copies into its padded output),
+    # any of which may make room by evicting: the lengths tensor was evicted
+    # in the middle of the call, its bytes freed, and the writes landed in
+    # freed heap (glibc aborted, or a packed LSTM read garbage lengths).
+    # ctc_loss's mean divides by its target lengths made with at::tensor (an
+    # aten::empty filled through its pointer): evicted, that tensor came back
+    # as what aten::empty gave, and the gradients were wrong. So while a
+    # function of Note [Ops that touch bytes through raw pointers]
+    # (escapes.py) runs, the tensors its uninitialised factories make are
+    # pinned as they are made, as its integer arguments and outputs are.
+    def _pin_raw_allocations(self, func: Any, flat_out: List[Any], owning: Sequence[int]) -> None:
+        """Pin what an uninitialised factory makes while a raw function runs (Note [Tensors a raw function
+        allocates])."""
+        if not in_raw_call() or func._schema.name not in _UNINITIALISED:
+            return
+        for i in owning:
+            t = self.table.version[_storage(flat_out[i])._cdata]
+            if self.recorder is not None:
+                self.recorder.pin(self.table.handle[t])
+            self.core.pin(t, Hold.ESCAPED)
 
     # Note [Factories]
     # A factory (torch.ones, arange, randn, empty, full, and _to_copy onto the
