@@ -60,7 +60,7 @@ from __future__ import annotations
 import functools
 import sys
 import threading
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, NamedTuple, Optional, Tuple
 
 import torch
 import torch.utils.dlpack
@@ -118,12 +118,41 @@ _RAW_METHODS = ("tensor_split",)
 _HIDDEN = ("__dlpack_c_exchange_api__",)
 
 _depth = threading.local()  # escapes in progress on this thread
-# The active block's escape (the outermost one's: a nested block uses it), which every wrapper calls. The wrappers
-# are made once per original and kept, so that entering a block does not build them again each time.
-_active: List[Optional[Callable[[torch.Tensor, str], None]]] = [None]
-_active_resize: List[Optional[Callable[[torch.UntypedStorage, int], None]]] = [None]  # the same for resizes
-_active_storage: List[Optional[Callable[[torch.UntypedStorage, str], None]]] = [None]  # and for a storage's bytes
+
+
+class _Hooks(NamedTuple):
+    """A block's callbacks, which the wrappers call (see patch_escapes)."""
+
+    escape: Callable[[torch.Tensor, str], None]
+    resize: Optional[Callable[[torch.UntypedStorage, int], None]]
+    escape_storage: Optional[Callable[[torch.UntypedStorage, str], None]]
+
+
+# Note [Escapes in several threads]
+# The wrappers are process-wide (they replace torch's methods), blocks are
+# per thread. Each thread's blocks register their hooks in that thread's
+# stack, and a wrapper calls the hooks of its own thread's outermost block (a
+# nested block runs on the outer one). Before, one process-wide slot held the
+# last block entered: a second thread's block took every escape over, and
+# ignored the first thread's (its evicted tensors pickled as NaNs, .tolist()
+# raised); and the first block's end restored torch's methods under the
+# second's feet. A thread without a block of its own uses the only block
+# there is, if there is one (autograd's device threads run a block's
+# backward), and none otherwise. The methods are replaced while any block is
+# active, and restored when the last one ends.
+_lock = threading.Lock()
+_hooks_by_thread: Dict[int, List[_Hooks]] = {}
+_saved: List[Tuple[object, str, object, bool]] = []  # what is replaced: (owner, name, original, in owner's __dict__)
 _wrappers: Dict[Tuple[int, str], Tuple[Callable, Callable]] = {}  # (id(original), how) -> (original, wrapper)
+
+
+def _hooks() -> Optional[_Hooks]:
+    """The hooks of the calling thread's outermost block (Note [Escapes in several threads])."""
+    stack = _hooks_by_thread.get(threading.get_ident())
+    if stack:
+        return stack[0]
+    stacks = list(_hooks_by_thread.values())
+    return stacks[0][0] if len(stacks) == 1 and stacks[0] else None
 
 
 def _guarded(original: Callable, how: str) -> Callable:
@@ -134,9 +163,10 @@ def _guarded(original: Callable, how: str) -> Callable:
         return made[1]
 
     def wrapper(self, *args, **kwargs):
-        escape = _active[0]
-        if escape is None or getattr(_depth, "n", 0):
+        hooks = _hooks()
+        if hooks is None or getattr(_depth, "n", 0):
             return original(self, *args, **kwargs)
+        escape = hooks.escape
         _depth.n = 1
         try:
             if isinstance(self, torch.Tensor):
@@ -162,9 +192,10 @@ def _raw_integers(original: Callable) -> Callable:
         return made[1]
 
     def wrapper(*args, **kwargs):
-        escape = _active[0]
-        if escape is None or getattr(_depth, "n", 0):
+        hooks = _hooks()
+        if hooks is None or getattr(_depth, "n", 0):
             return original(*args, **kwargs)
+        escape = hooks.escape
         _depth.n = 1
         try:
             for x in (*args, *kwargs.values()):
@@ -192,7 +223,8 @@ _resize_original = resize_storage
 
 def _resize_wrapper(self, *args, **kwargs):
     """``UntypedStorage.resize_`` after the active block's ``resize(storage, nbytes)`` (Note [Escaped memory])."""
-    resize = _active_resize[0]
+    hooks = _hooks()
+    resize = hooks.resize if hooks is not None else None
     if resize is not None and not getattr(_depth, "n", 0) and len(args) + len(kwargs) == 1:
         _depth.n = 1
         try:
@@ -204,24 +236,34 @@ def _resize_wrapper(self, *args, **kwargs):
 
 functools.update_wrapper(_resize_wrapper, _resize_original)
 
-_data_ptr_original = torch.UntypedStorage.data_ptr
+#: UntypedStorage methods that hand a storage's bytes out -> how, when torch's own code calls them (WRITE
+#: from anywhere else): the data pointer (Note [A storage's data pointer]), and the moves to shared memory that
+#: torch.multiprocessing's queues make (the receiving process may write it: a value computed from a tensor put
+#: in a queue came back computed from what the receiver wrote).
+_STORAGE_ESCAPES = {"data_ptr": PIN, "_share_fd_cpu_": WRITE, "_share_filename_cpu_": WRITE,
+                    "share_memory_": WRITE}
 
 
-def _data_ptr_wrapper(self, *args, **kwargs):
-    """``UntypedStorage.data_ptr`` after the active block's ``escape_storage(storage, how)`` (Note [Escaped
-    memory]): WRITE, or PIN when torch itself asks (Note [A storage's data pointer])."""
-    escape = _active_storage[0]
-    if escape is not None and not getattr(_depth, "n", 0):
-        frame = sys._getframe(1)
-        while frame.f_back is not None and frame.f_globals.get("__name__") == "torch.storage":
-            frame = frame.f_back  # (TypedStorage.data_ptr asks on its caller's behalf)
-        caller = frame.f_globals.get("__name__", "")
-        _depth.n = 1
-        try:
-            escape(self, PIN if caller == "torch" or caller.startswith("torch.") else WRITE)
-        finally:
-            _depth.n = 0
-    return _data_ptr_original(self, *args, **kwargs)
+def _storage_guarded(original: Callable, torch_how: str) -> Callable:
+    """``UntypedStorage.<method>`` after the active block's ``escape_storage(storage, how)`` (Note [Escaped
+    memory]): WRITE, or ``torch_how`` when torch itself asks (Note [A storage's data pointer])."""
+    def wrapper(self, *args, **kwargs):
+        hooks = _hooks()
+        escape = hooks.escape_storage if hooks is not None else None
+        if escape is not None and not getattr(_depth, "n", 0):
+            frame = sys._getframe(1)
+            while frame.f_back is not None and frame.f_globals.get("__name__") == "torch.storage":
+                frame = frame.f_back  # (TypedStorage's methods ask on their caller's behalf)
+            caller = frame.f_globals.get("__name__", "")
+            _depth.n = 1
+            try:
+                escape(self, torch_how if caller == "torch" or caller.startswith("torch.") else WRITE)
+            finally:
+                _depth.n = 0
+        return original(self, *args, **kwargs)
+
+    functools.update_wrapper(wrapper, original)
+    return wrapper
 
 
 # Note [A storage's data pointer]
@@ -234,9 +276,6 @@ def _data_ptr_wrapper(self, *args, **kwargs):
 # back, never evicted), and a call from anywhere else is WRITE: the program
 # may write through the pointer (ctypes), as through a tensor's data_ptr.
 # torch.storage's TypedStorage.data_ptr asks for its caller: the caller decides.
-
-
-functools.update_wrapper(_data_ptr_wrapper, _data_ptr_original)
 
 
 def in_raw_call() -> bool:
@@ -252,18 +291,38 @@ def patch_escapes(escape: Callable[[torch.Tensor, str], None],
     Args:
         escape: called before a tensor's bytes leave the dispatcher.
         resize: called before the program resizes a storage itself (``UntypedStorage.resize_``).
-        escape_storage: called before a storage's bytes leave the dispatcher (``UntypedStorage.data_ptr``).
+        escape_storage: called before a storage's bytes leave the dispatcher (``UntypedStorage.data_ptr``, its
+            moves to shared memory).
 
     Returns:
         A function that restores everything as it was.
     """
-    saved: List[Tuple[object, str, object, bool]] = []  # (owner, name, original, was in owner's __dict__)
-    before = _active[0], _active_resize[0], _active_storage[0]
-    _active[0], _active_resize[0], _active_storage[0] = escape, resize, escape_storage
+    hooks, tid = _Hooks(escape, resize, escape_storage), threading.get_ident()
+    with _lock:
+        if not _hooks_by_thread:
+            _install()
+        _hooks_by_thread.setdefault(tid, []).append(hooks)
 
+    def restore() -> None:
+        with _lock:
+            stack = _hooks_by_thread.get(tid, [])
+            for i in range(len(stack) - 1, -1, -1):
+                if stack[i] is hooks:
+                    del stack[i]
+                    break
+            if not stack:
+                _hooks_by_thread.pop(tid, None)
+            if not _hooks_by_thread:
+                _uninstall()
+
+    return restore
+
+
+def _install() -> None:
+    """Replace the ways out with their wrappers (while no block was active: Note [Escapes in several threads])."""
     def replace(owner: object, name: str, new: object) -> None:
         own = name in vars(owner) if isinstance(owner, type) else True
-        saved.append((owner, name, getattr(owner, name), own))
+        _saved.append((owner, name, getattr(owner, name), own))
         setattr(owner, name, new)
 
     for name, how in ESCAPING.items():
@@ -286,21 +345,23 @@ def patch_escapes(escape: Callable[[torch.Tensor, str], None],
         original = getattr(torch.Tensor, name, None)
         if original is not None:
             replace(torch.Tensor, name, _raw_integers(original))
-    if resize is not None and torch.UntypedStorage.resize_ is _resize_original:
+    if torch.UntypedStorage.resize_ is _resize_original:
         replace(torch.UntypedStorage, "resize_", _resize_wrapper)
-    if escape_storage is not None and torch.UntypedStorage.data_ptr is _data_ptr_original:
-        replace(torch.UntypedStorage, "data_ptr", _data_ptr_wrapper)
+    for name, torch_how in _STORAGE_ESCAPES.items():
+        original = getattr(torch.UntypedStorage, name, None)
+        if original is not None:
+            replace(torch.UntypedStorage, name, _storage_guarded(original, torch_how))
     for name in _HIDDEN:
         if name in vars(torch.Tensor):
-            saved.append((torch.Tensor, name, vars(torch.Tensor)[name], True))
+            _saved.append((torch.Tensor, name, vars(torch.Tensor)[name], True))
             delattr(torch.Tensor, name)
 
-    def restore() -> None:
-        for owner, name, original, own in reversed(saved):
-            if own:
-                setattr(owner, name, original)
-            else:  # inherited (from torch._C.TensorBase): drop the wrapper to uncover it
-                delattr(owner, name)
-        _active[0], _active_resize[0], _active_storage[0] = before
 
-    return restore
+def _uninstall() -> None:
+    """Put back what _install replaced (the last block has ended)."""
+    for owner, name, original, own in reversed(_saved):
+        if own:
+            setattr(owner, name, original)
+        else:  # inherited (from torch._C.TensorBase): drop the wrapper to uncover it
+            delattr(owner, name)
+    _saved.clear()

@@ -180,3 +180,43 @@ def test_blocks_in_other_threads_are_not_nested():
         _scaled_tanh_chain(x, 3)
     assert seen["active"] and seen["stats"]["ops"] == 10 and main.stats["ops"] == 6
     assert torch.equal(seen["y"], _scaled_tanh_chain(x, 5))
+
+
+@pytest.mark.parametrize("ends_first", ["evicting", "other"])
+def test_a_block_s_escapes_stay_its_own_while_another_thread_runs_a_block(ends_first):
+    """Each thread's block handles its own thread's escapes (Note [Escapes in several threads] in
+    dtr/runtime/escapes.py). Before, the last block entered took every escape over: the evicting thread's
+    .tolist() raised (pickle gave NaNs), and the first block to end restored torch's methods under the
+    other's feet."""
+    import pickle
+
+    x = torch.randn(64, 64, generator=torch.Generator().manual_seed(0))
+    want = [_scaled_tanh_chain(x, i + 1) for i in range(12)]
+    original = torch.Tensor.__reduce_ex__
+    entered, done, out = threading.Event(), threading.Event(), {}
+
+    def other():
+        with dtr.budget(None, cost_model="flops"):
+            entered.set()
+            done.wait(30)
+            out["other"] = pickle.loads(pickle.dumps(_scaled_tanh_chain(x, 2)))
+
+    t = threading.Thread(target=other)
+    with dtr.budget(6 * 64 * 64 * 4, cost_model="flops") as b:
+        ys = [_scaled_tanh_chain(x, 1)]
+        for i in range(1, 12):
+            ys.append(torch.tanh(ys[-1] * (1.0 + 0.01 * i)))
+        t.start()
+        entered.wait(30)
+        got = [y.tolist() for y in ys]  # (the early ones are evicted)
+        del ys
+        if ends_first == "other":
+            done.set()
+            t.join()
+    if ends_first == "evicting":
+        done.set()
+        t.join()
+    assert b.stats["evictions"] > 0 and b.stats["remats"] > 0, b.stats
+    assert got == [w.tolist() for w in want]
+    assert torch.equal(out["other"], want[1])
+    assert torch.Tensor.__reduce_ex__ is original
