@@ -13,8 +13,8 @@ import torch
 
 __all__ = ["COLLECTIVE_NAMESPACES", "REBINDS", "RESIZES", "SEEDED", "grown_storage", "has_device_argument",
            "has_hidden_writes", "is_collective", "may_write",
-           "native_op_info", "overwrites_self", "register_writes", "schema_writes", "writes_out_arguments",
-           "written_args"]
+           "native_op_info", "overwrites_self", "register_writes", "schema_writes", "writes_first_argument_in_place",
+           "writes_out_arguments", "written_args"]
 
 _generation = 0  # how many times rules were registered
 # op overload packet name -> f(args, kwargs) -> positions of written tensor args
@@ -127,6 +127,13 @@ COLLECTIVE_NAMESPACES = frozenset({"c10d", "_c10d_functional", "c10d_functional"
 def is_collective(func: Any) -> bool:
     """Whether ``func`` is a collective (``c10d::allreduce_``, ``_c10d_functional::all_reduce``, ...)."""
     return getattr(func, "namespace", None) in COLLECTIVE_NAMESPACES
+
+
+def writes_first_argument_in_place(func: Any) -> bool:
+    """Whether ``func`` is a collective that writes the tensors of its first argument where they are, although
+    its schema says nothing (``c10d::allreduce_``, ``broadcast_``, ``recv_``, the outputs of ``allgather_``,
+    ``reduce_scatter_``, ``alltoall_``...: the in-place ones, named with a trailing underscore)."""
+    return getattr(func, "namespace", None) == "c10d" and func._schema.name.endswith("_")
 
 
 def native_op_info(func: Any) -> Tuple[bool, bool, str, Any, bool]:

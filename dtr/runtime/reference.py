@@ -23,6 +23,7 @@ from dtr.runtime.effects import (
     SEEDED,
     grown_storage,
     is_collective,
+    writes_first_argument_in_place,
     writes_out_arguments,
     written_args,
 )
@@ -137,6 +138,9 @@ class ReferencePath(AccountedAfter):
         collective = is_collective(func)
         if collective:  # see Note [Collectives]
             self._pin_for_collective(ins)
+            if writes_first_argument_in_place(func):
+                for s in self._storages_of(args[0]):
+                    self._protect_written(s)
             if not self._written_leaves(func, args, kwargs, leaves):
                 out = func(*args, **kwargs)
                 for o in tree_flatten(out)[0]:
@@ -222,7 +226,12 @@ class ReferencePath(AccountedAfter):
     # (it rebuilds them after the first iteration), were evicted while gloo was
     # still writing them: the heap was corrupted, and the process crashed.
     # Recomputing an evicted bucket would have run an all-reduce on one rank
-    # alone, which waits for the others forever.
+    # alone, which waits for the others forever. The in-place collectives
+    # (allreduce_, broadcast_, recv_, the outputs of allgather_...) write their
+    # first argument, which their schemas do not say: what still needs the old
+    # bytes is protected first, as before a write to a constant. Before, a
+    # value computed from a tensor before dist.all_reduce(tensor) and evicted
+    # came back computed from the reduced bytes.
     def _pin_for_collective(self, ts: Iterable[int]) -> None:
         """Bring back and pin versions ``ts`` for a collective (Note [Collectives])."""
         core = self.core
@@ -234,6 +243,11 @@ class ReferencePath(AccountedAfter):
                 if self.recorder is not None:
                     self.recorder.pin(self.table.handle[t])
                 core.pin(t, Hold.ESCAPED)
+
+    def _storages_of(self, x: Any) -> List[int]:
+        """The core storages of the tracked tensors in ``x`` (a tensor, or lists of them)."""
+        core = self.core
+        return sorted({core.storage_of(t) for t in self._versions_of(tree_flatten(x)[0])})
 
     def _versions_of(self, out: Any) -> List[int]:
         """The versions of the tracked tensors in ``out`` (an op's output, or its flattened leaves)."""
