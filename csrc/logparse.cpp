@@ -153,6 +153,16 @@ class Reader {
     return h;
   }
   void kill(int h) { live_[h] = false; }
+  // Input `idx` of `ins` is written in place (`field` names the log's list of them). Each write makes a new
+  // version of the input and releases the old one, so one tensor written twice by an op would be released
+  // twice (the core refuses that): the same id listed twice, or at two argument indices (simrd's MUTATE).
+  void add_mutated(Instr& ins, int idx, const char* field) const {
+    for (int j : ins.mutated)
+      if (ins.in[j] == ins.in[idx])
+        error(std::string("field '") + field + "' lists input " + quote(prog_.handle_names[ins.in[idx]]) +
+              " twice (an op writes each input once)");
+    ins.mutated.push_back(idx);
+  }
   int op_name(const std::string& n) {
     auto it = names_.find(n);
     if (it != names_.end()) return it->second;
@@ -288,7 +298,7 @@ class V1Reader {
         for (size_t j = 0; j < inputs.size() && e.type == JValue::Str; ++j)
           if (inputs[j] == e.str) { idx = int(j); break; }
         if (idx < 0) r_.error("mutated entries must be ids of inputs of this call");
-        ins.mutated.push_back(idx);
+        r_.add_mutated(ins, idx, "mutated");
       }
       ins.inplace = true;
     }
@@ -306,7 +316,7 @@ class V1Reader {
       for (size_t j = 0; j < inputs.size(); ++j)
         if (inputs[j] == m) { idx = int(j); break; }
       if (idx < 0) r_.error("mutated id " + quote(m) + " is not an input of this mutate");
-      ins.mutated.push_back(idx);
+      r_.add_mutated(ins, idx, "mutated");
     }
     if (const JValue* ip = o.get("inplace")) {
       if (ip->type != JValue::Bool) r_.error("field 'inplace' must be true or false");
@@ -454,7 +464,7 @@ class SimrdReader {
       if (d != std::floor(d) || d < 0 || d >= double(ins.in.size()))
         r_.error("MUTATE index " + std::to_string(d) + " is not an argument index (0.." +
                  std::to_string(int(ins.in.size()) - 1) + ")");
-      ins.mutated.push_back(int(d));
+      r_.add_mutated(ins, int(d), "MUTATE");
     }
     r_.emit(std::move(ins));
   }

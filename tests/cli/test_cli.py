@@ -76,6 +76,14 @@ def test_oom_reports_the_need(capsys):
     assert status == 0 and d["status"] == "oom" and d["needed_bytes"] == 3
 
 
+_F_OF_A = ('{"op": "constant", "id": "a", "size": 1}\n'
+           '{"op": "call", "name": "f", "inputs": ["a"], "outputs": ["b"], "sizes": [4], "aliases": [null], '
+           '"cost": 1}\n')
+_SIMRD_X = ('{"INSTRUCTION": "CONSTANT", "NAME": "w"}\n{"INSTRUCTION": "MEMORY", "NAME": "w", "MEMORY": "1"}\n'
+            '{"INSTRUCTION": "CALL", "NAME": "f", "ARGS": ["w"], "RESULT": ["x"], "TIME": "1"}\n'
+            '{"INSTRUCTION": "MEMORY", "NAME": "x", "MEMORY": "4"}\n'
+            '{"INSTRUCTION": "ALIAS", "NAME": "x", "ALIAS": "-1"}\n')
+
 BAD_LINES = [
     ('{"op": "constant", "id": "a", "size": 1}\n{"op": "call", "name": "f"', 2, "invalid JSON"),
     ('{"op": "constant", "id": "a", "size": 1}\n{"op": "release", "id": "zz"}\n', 2, "unknown id 'zz'"),
@@ -104,6 +112,16 @@ BAD_LINES = [
      '"sizes": [1], "aliases": [null], "cost": "1"}\n', 2, "field 'cost' must be a number"),
     ('{"op": "constant", "id": "a", "size": 1}\n{"op": "call", "name": "f", "inputs": ["a"], "outputs": ["b"], '
      '"sizes": ["1"], "aliases": [null], "cost": 1}\n', 2, "'sizes' must be a list of numbers"),
+    # An op writes each input once: one listed twice was released twice (a RuntimeError from the core).
+    *[(_F_OF_A + line, 3, f"field '{field}' lists input 'b' twice") for line, field in [
+        ('{"op": "mutate", "name": "m", "inputs": ["b"], "mutated": ["b", "b"], "cost": 1}\n', "mutated"),
+        ('{"op": "mutate", "name": "m", "inputs": ["b"], "mutated": ["b", "b"], "cost": 1, "inplace": true}\n',
+         "mutated"),
+        ('{"op": "call", "name": "g", "inputs": ["b"], "outputs": ["c"], "sizes": [1], "aliases": [null], "cost": 1, '
+         '"mutated": ["b", "b"]}\n', "mutated"),
+    ]],
+    *[(_SIMRD_X + '{"INSTRUCTION": "MUTATE", "NAME": "f_", "ARGS": ' + args + ', "TIME": "1"}\n', 6,
+       "field 'MUTATE' lists input 'x' twice") for args in ['["x"], "MUTATE": [0, 0]', '["x", "x"], "MUTATE": [0, 1]']],
     ('\n\n', 0, "empty"),
 ]
 
