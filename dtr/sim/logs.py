@@ -99,6 +99,17 @@ class Log:
 _NOT_A_FILE = ((stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
 
 
+def not_a_file(f) -> Optional[str]:
+    """What the open file ``f`` is when it is neither a regular file nor a pipe ("a character device", ...).
+
+    The files dtr-sim reads whole (logs, sweep CSVs, plan files) are refused when
+    this is not None, before anything is read: a device such as ``/dev/zero``
+    never ends. None for a regular file or a pipe.
+    """
+    mode = os.fstat(f.fileno()).st_mode
+    return next((what for test, what in _NOT_A_FILE if test(mode)), None)
+
+
 def read_bytes(path: str | os.PathLike) -> bytes:
     """The decompressed bytes of a log file (gzip detected by its magic number).
 
@@ -118,8 +129,7 @@ def read_bytes(path: str | os.PathLike) -> bytes:
     path = os.fspath(path)
     try:
         with open(path, "rb") as f:
-            mode = os.fstat(f.fileno()).st_mode
-            kind = next((what for test, what in _NOT_A_FILE if test(mode)), None)
+            kind = not_a_file(f)
             if kind is not None:
                 raise LogFormatError(path, 0, f"not a log file: this is {kind}; give a log file (or a pipe)")
             data = f.read()

@@ -24,7 +24,7 @@ from dtr.core import FollowPlan, ReplayStatus, replay_program
 from dtr.errors import DtrError
 from dtr.heuristics import get_heuristic
 from dtr.sim.graph import Graph, PlanGraph, PlanGraphError, graph_from_log, plan_graph
-from dtr.sim.logs import Log, parse_text, read_bytes, read_log
+from dtr.sim.logs import Log, not_a_file, parse_text, read_bytes, read_log
 from dtr.sim.planners import PlanOptions, PlanResult, planner_names, run_planner
 from dtr.sim.schedule import COMPUTE, evaluate, named_os_error, out_of_order, plan_schedule
 
@@ -567,6 +567,10 @@ def load_step_plan(path: Union[str, os.PathLike]) -> StepPlan:
     """
     try:
         with open(path) as f:
+            kind = not_a_file(f)
+            if kind is not None:
+                raise StepPlanError(f"{os.fspath(path)}: not a plan file: this is {kind}; give a file written by "
+                                    "--save-plan")
             doc = json.load(f)
     except (OSError, ValueError) as e:
         raise StepPlanError(f"{os.fspath(path)}: cannot read the plan: {e}") from None

@@ -351,12 +351,18 @@ def read_rows(path: PathLike) -> List[SweepRow]:
         The rows, in file order.
 
     Raises:
-        DtrError: the file is missing or unreadable, lacks columns, or a cell is
-            not of its column's type (the message names the line and column).
+        DtrError: the file is missing or unreadable, not a file or a pipe (a
+            device), lacks columns, or a cell is not of its column's type (the
+            message names the line and column).
     """
+    from dtr.sim.logs import not_a_file
+
     path = os.fspath(path)
     try:
         with open(path, newline="", encoding="utf-8") as f:
+            kind = not_a_file(f)
+            if kind is not None:
+                raise DtrError(f"{path}: not a sweep CSV: this is {kind}; give a CSV file (or a pipe)")
             lines = list(csv.reader(f))
     except OSError as e:
         raise DtrError(f"{path}: cannot read the sweep CSV: {e.strerror or e}") from None

@@ -133,6 +133,24 @@ def test_an_endless_device_is_refused_before_it_is_read():
     assert p.returncode == 2 and "/dev/zero: not a log file" in p.stderr and "Traceback" not in p.stderr, p.stderr
 
 
+@pytest.mark.parametrize("device", ["/dev/zero", "/dev/full"])
+@pytest.mark.parametrize("argv,what", [
+    (["sweep", "{small}", "--out", "{dev}", "--budgets", "0.5", "--jobs", "1"], "not a sweep CSV"),
+    (["plot", "{dev}", "-o", "{tmp}/x.png"], "not a sweep CSV"),
+    (["replay", "{small}", "--budget", "35", "--plan", "{dev}"], "not a plan file"),
+])
+def test_a_csv_or_plan_that_is_an_endless_device_is_refused(data_dir, tmp_path, argv, what, device):
+    # Read whole as a log is: sweep's --out, plot's CSV and a plan file on /dev/zero grew memory without end.
+    if not os.path.exists(device):
+        pytest.skip(f"no {device}")
+    argv = [a.format(small=data_dir / "small.jsonl", dev=device, tmp=tmp_path) for a in argv]
+    code = ("import resource, sys; resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30));"
+            f"from dtr.cli import main; sys.exit(main({argv!r}))")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr
+    assert f"{device}: {what}: this is a character device" in error_line(p.stderr)
+
+
 def test_a_pipe_is_still_a_log(capsys, data_dir, tmp_path):
     fifo = tmp_path / "log.pipe"
     os.mkfifo(fifo)
