@@ -130,10 +130,16 @@ def check_thrash_limit(value: object) -> float:
     """
     if value is None:
         return math.inf
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not float(value) >= 1:
+    limit = math.nan
+    if isinstance(value, numbers.Real) and not isinstance(value, bool):
+        try:
+            limit = float(value)
+        except OverflowError:  # (an int past a float's range: larger than any finite limit, or below -1)
+            limit = math.inf if value > 0 else -math.inf
+    if not limit >= 1:
         raise ValueError(f"the thrash limit must be a number >= 1 (total compute allowed, as a multiple of the "
                          f"program's own) or None for no limit, not {value!r}")
-    return float(value)
+    return limit
 
 
 def remat_allowance(thrash_limit: float, base: float) -> float:

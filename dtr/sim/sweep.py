@@ -236,7 +236,14 @@ def sweep(logs: Iterable[PathLike], heuristics: Union[str, Sequence[HeuristicSpe
     from dtr.sim.replay import baseline, budget_from_ratio
 
     hs = parse_heuristics(heuristics)
-    rs = parse_ratios(ratios) if isinstance(ratios, str) else sorted({round(float(r), _RATIO_DECIMALS) for r in ratios})
+    if isinstance(ratios, str):
+        rs = parse_ratios(ratios)
+    else:
+        ratios = list(ratios)
+        try:
+            rs = sorted({round(float(r), _RATIO_DECIMALS) for r in ratios})
+        except OverflowError:  # (an int past a float's range)
+            rs = [math.inf]
     if not rs or any(not (r > 0 and math.isfinite(r)) for r in rs):
         raise ValueError(f"budget ratios must be finite and > 0 (got {rs})")
     thrash_limit = check_thrash_limit(thrash_limit)

@@ -77,12 +77,13 @@ def test_a_runtime_log_records_the_runtimes_semantics(tmp_path, eqclass_split):
 
 # ------------------------------------------------------------ the thrash limit
 
-@pytest.mark.parametrize("value,expected", [(1, 1.0), (3, 3.0), (2.5, 2.5), (None, math.inf), (math.inf, math.inf)])
+@pytest.mark.parametrize("value,expected", [(1, 1.0), (3, 3.0), (2.5, 2.5), (None, math.inf), (math.inf, math.inf),
+                                            (10 ** 400, math.inf)])  # (past a float's range: an OverflowError)
 def test_thrash_limits_that_are_accepted(value, expected):
     assert check_thrash_limit(value) == expected
 
 
-@pytest.mark.parametrize("value", [0.99, 0, -1, math.nan, "3", True])
+@pytest.mark.parametrize("value", [0.99, 0, -1, math.nan, "3", True, -10 ** 400])
 def test_thrash_limits_are_refused_the_same_way_by_every_driver(value, tmp_path):
     words = "the thrash limit must be a number >= 1"
     with pytest.raises(ValueError, match=words):

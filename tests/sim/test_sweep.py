@@ -46,6 +46,12 @@ def test_bad_ratio_specs_say_the_expected_form(spec, fragment):
     assert fragment in str(e.value)
 
 
+@pytest.mark.parametrize("ratios", [[0.5, 10 ** 400], [0.5, -1.0], [0.5, math.nan], []])
+def test_bad_ratio_lists_are_value_errors(data_dir, ratios):
+    with pytest.raises(ValueError, match="budget ratios must be finite and > 0"):  # (10**400: not an OverflowError)
+        sweep([data_dir / "small.jsonl"], "dtr", ratios, jobs=1)
+
+
 def test_heuristic_specs():
     assert [h.name for h in parse_heuristics("all")] == heuristic_names()
     assert [h.name for h in parse_heuristics("lru, dtr,lru")] == ["lru", "dtr"]
