@@ -63,9 +63,12 @@ def _report() -> dict:
     if st.active and not chosen:
         used["why"] = f"{native.ENV_VAR}={os.environ.get(native.ENV_VAR, '')!r} turns it off"
         used["fix"] = f"unset {native.ENV_VAR}"
-    cxx = native_build.compiler()
+    try:
+        compiler = _compiler_line(native_build.compiler())
+    except native_build.NativeBuildError as e:  # ($CXX is not a command line: the message names it)
+        compiler = f"unusable: {e}"
     out.update(torch=torch.__version__, cxx11_abi=int(torch._C._GLIBCXX_USE_CXX11_ABI),
-               native=used, entries=devices, compiler=_compiler_line(cxx),
+               native=used, entries=devices, compiler=compiler,
                cache=str(native_build.cache_dir()), sources=str(native_build.source_dir()),
                builds_allowed=native_build.build_allowed())
     return out

@@ -86,7 +86,10 @@ def _built_on_first_use(why: str) -> Tuple[Optional[ModuleType], str]:
 
 def _cached(why: str) -> Tuple[Optional[ModuleType], str]:
     """dtr._native from an earlier build on first use for the running torch, without building: (module, why not)."""
-    path = native_build.built_path()
+    try:
+        path = native_build.built_path()
+    except native_build.NativeBuildError as e:  # ($CXX is not a command line)
+        return None, f"{why}, and {e}"
     if path is None or not path.is_file():
         return None, f"{why}, and no build on first use is cached for torch {torch.__version__}"
     try:
@@ -150,9 +153,15 @@ def status() -> NativeStatus:
     if module is not None:
         return NativeStatus(True, _state.get("origin"), _state.get("path"), "", "")
     why = _state.get("why", "not loaded")
+    try:
+        bad_cxx, no_cxx = False, native_build.compiler() is None
+    except native_build.NativeBuildError:  # ($CXX is not a command line: `why` says so)
+        bad_cxx, no_cxx = True, True
     if native_build.source_dir() is None:
         fix = "pip install --force-reinstall --no-binary torch-dtr torch-dtr  (the sources were not installed)"
-    elif native_build.compiler() is None:
+    elif bad_cxx:
+        fix = "set $CXX to a compiler command (such as g++), or unset it; then: python -m dtr build"
+    elif no_cxx:
         fix = "install a C++ compiler (g++ or clang++, or set $CXX), then: python -m dtr build"
     else:
         fix = "python -m dtr build"

@@ -82,10 +82,18 @@ def source_files(src: Path) -> List[Path]:
 
 def compiler() -> Optional[List[str]]:
     """The C++ compiler command: ``$CXX``, else the first of c++, g++, clang++ on the PATH (None: none, or
-    ``$CXX`` names no program)."""
+    ``$CXX`` names no program).
+
+    Raises:
+        NativeBuildError: ``$CXX`` is not a command line (an unbalanced quote); the message names it.
+    """
     cxx = os.environ.get("CXX")
     if cxx:
-        cmd = shlex.split(cxx)
+        try:
+            cmd = shlex.split(cxx)
+        except ValueError as e:
+            raise NativeBuildError(f"$CXX={cxx!r} is not a command line ({e}): set CXX to a compiler "
+                                   "command, such as g++, or unset it") from None
         return cmd if cmd and shutil.which(cmd[0]) else None
     for name in ("c++", "g++", "clang++"):
         path = shutil.which(name)
@@ -132,7 +140,11 @@ def _key(cxx: List[str], src: Path) -> str:
 
 
 def built_path() -> Optional[Path]:
-    """Where the build on first use for the running torch is (or would be); None without sources or a compiler."""
+    """Where the build on first use for the running torch is (or would be); None without sources or a compiler.
+
+    Raises:
+        NativeBuildError: ``$CXX`` is not a command line (see :func:`compiler`).
+    """
     cxx, src = compiler(), source_dir()
     if cxx is None or src is None:
         return None
@@ -146,8 +158,8 @@ def build() -> Path:
     Says what it does before and after (logging, WARNING), once per build.
 
     Raises:
-        NativeBuildError: no sources, no compiler, builds turned off, or the compiler failed (the message
-            ends with its output).
+        NativeBuildError: no sources, no compiler (or a ``$CXX`` that is not a command line), builds turned off,
+            or the compiler failed (the message ends with its output).
     """
     if not build_allowed():
         raise NativeBuildError(f"building dtr._native is turned off (${BUILD_ENV_VAR}=0)")

@@ -184,3 +184,23 @@ def test_a_build_on_first_use_happens_once_and_says_so(tmp_path):
     assert "dtr: built dtr._native in" in first_err
     assert "building" not in second_err  # (cached: once per torch)
     assert len(list(tmp_path.glob("torch-*/_native*"))) == 1
+
+
+def test_a_cxx_that_is_not_a_command_line_is_named(monkeypatch, capsys, tmp_path):
+    """A $CXX with an unbalanced quote: blocks run the reference (why names it), info and build say so."""
+    monkeypatch.setenv("CXX", 'g++ "')
+    monkeypatch.setenv("DTR_CACHE_DIR", str(tmp_path))
+    words = "$CXX='g++ \"' is not a command line (No closing quotation)"
+    with pytest.raises(native_build.NativeBuildError) as e:
+        native_build.compiler()
+    assert words in str(e.value)
+    monkeypatch.setattr(native, "_state", {})
+    monkeypatch.setattr(native, "_installed", lambda: (None, "the install did not build dtr._native"))
+    assert native.native_module() is None and words in native._state["why"]  # (a block warns with it)
+    monkeypatch.setattr(native, "_state", {})
+    assert runtime_info.main(["info"]) == 1
+    out = capsys.readouterr().out
+    assert f"compiler   unusable: {words}" in out and "fix: set $CXX to a compiler command" in out
+    assert runtime_info.main(["build"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("python -m dtr: error: ") and words in err and len(err.splitlines()) == 1, err
