@@ -159,7 +159,8 @@ def build() -> Path:
 
     Raises:
         NativeBuildError: no sources, no compiler (or a ``$CXX`` that is not a command line), builds turned off,
-            or the compiler failed (the message ends with its output).
+            a cache that cannot be created or written (the message names the path), or the compiler failed (the
+            message ends with its output) or wrote no module.
     """
     if not build_allowed():
         raise NativeBuildError(f"building dtr._native is turned off (${BUILD_ENV_VAR}=0)")
@@ -173,6 +174,17 @@ def build() -> Path:
     assert out is not None
     if out.is_file():
         return out
+    try:
+        return _build_into(out, cxx, src)
+    except OSError as e:  # (the cache cannot be created or written: a file in the way, no permission, ...)
+        where = os.fspath(e.filename) if e.filename is not None else str(out.parent)
+        raise NativeBuildError(f"cannot write the build cache: {where}: {e.strerror or e} (set ${CACHE_ENV_VAR} "
+                               "to a directory dtr can create and write)") from None
+
+
+def _build_into(out: Path, cxx: List[str], src: Path) -> Path:
+    """:func:`build`'s work once its inputs are known: compile into ``out`` under a lock, unless another process
+    did. OSError: the cache cannot be written."""
     out.parent.mkdir(parents=True, exist_ok=True)
     with open(out.parent / "build.lock", "w") as lock:
         _lock(lock)
@@ -184,10 +196,16 @@ def build() -> Path:
         with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
             partial = Path(tmp) / out.name
             cmd = _command(cxx, src, partial)
-            p = subprocess.run(cmd, capture_output=True, text=True)
+            try:
+                p = subprocess.run(cmd, capture_output=True, text=True)
+            except OSError as e:  # (not the cache's fault: the compiler cannot be run)
+                raise NativeBuildError(f"cannot run the compiler {cxx[0]}: {e.strerror or e}") from None
             if p.returncode != 0:
                 raise NativeBuildError(f"compiling dtr._native failed ({shlex.join(cmd[:2])} ...):\n"
                                        f"{(p.stdout + p.stderr)[-4000:]}")
+            if not partial.is_file():
+                raise NativeBuildError(f"compiling dtr._native with {shlex.join(cxx)} wrote no module (it exited 0 "
+                                       f"but made no {partial.name}): is $CXX a C++ compiler?")
             os.replace(partial, out)  # (atomic: a reader sees no half-written module)
         log.warning("dtr: built dtr._native in %.0f s (%s)", time.perf_counter() - start, out)
     return out

@@ -204,3 +204,24 @@ def test_a_cxx_that_is_not_a_command_line_is_named(monkeypatch, capsys, tmp_path
     assert runtime_info.main(["build"]) == 1
     err = capsys.readouterr().err
     assert err.startswith("python -m dtr: error: ") and words in err and len(err.splitlines()) == 1, err
+
+
+@pytest.mark.parametrize("cache,cxx", [("file", None), ("file/below", None), ("cache", "true")])
+def test_a_build_that_cannot_write_its_module_says_where(monkeypatch, capsys, tmp_path, cache, cxx):
+    """A cache that cannot be created (a file in the way), or a $CXX that exits 0 and writes nothing: one line,
+    status 1 (a traceback from mkdir or os.replace)."""
+    if native_build.source_dir() is None or native_build.compiler() is None:
+        pytest.skip("no sources or no compiler")
+    if cxx is not None:
+        if __import__("shutil").which(cxx) is None:
+            pytest.skip(f"no {cxx} command")
+        monkeypatch.setenv("CXX", cxx)
+    (tmp_path / "file").write_text("")
+    monkeypatch.setenv("DTR_CACHE_DIR", str(tmp_path / cache))
+    monkeypatch.setattr(native, "_state", {})
+    monkeypatch.setattr(native, "_installed", lambda: (None, "the install did not build dtr._native"))
+    assert runtime_info.main(["build"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("python -m dtr: error: ") and len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert (f"cannot write the build cache: {tmp_path / cache}" in err if cxx is None
+            else "compiling dtr._native with true wrote no module" in err), err
