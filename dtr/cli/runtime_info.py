@@ -5,8 +5,9 @@ is active for the running torch (where it comes from, or why not and the one
 command that fixes it), the entry per device, and the compiler a build on first
 use would run, as blocks here would run them: ``$DTR_NATIVE`` and ``$DTR_ENTRY``
 count. It exits 0 when blocks run the native path, 1 when they do not, 2 when
-one of those variables has a value blocks refuse. ``python -m dtr build`` builds it against the running torch, once
-(Note [Building the native path on first use] in dtr/runtime/native_build.py).
+one of those variables has a value blocks refuse or its output cannot be written.
+``python -m dtr build`` builds it against the running torch, once (Note [Building
+the native path on first use] in dtr/runtime/native_build.py).
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import os
 import platform
 import subprocess
 import sys
-from typing import List, Optional
+from typing import Callable, List, Optional
 
 import dtr
 
@@ -105,7 +106,8 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     Returns:
         0 when blocks run the native path (``info``) or it was built (``build``), 1 when not; 2 for bad
-        arguments, or (``info``) a ``$DTR_NATIVE`` or ``$DTR_ENTRY`` that blocks refuse.
+        arguments, an output that cannot be written, or (``info``) a ``$DTR_NATIVE`` or ``$DTR_ENTRY`` that
+        blocks refuse.
     """
     p = argparse.ArgumentParser(prog="python -m dtr", description="dtr's runtime here: what is active, and "
                                 "building its native per-op path.")
@@ -120,11 +122,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         except ValueError as e:  # ($DTR_NATIVE or $DTR_ENTRY: the message names it and the valid values)
             print(f"python -m dtr: error: {e}", file=sys.stderr)
             return 2
-        if args.json:
-            print(json.dumps(r, indent=2))
-        else:
-            _print_info(r)
-        return 0 if r["native"]["active"] else 1
+        status = 0 if r["native"]["active"] else 1
+        return _written(lambda: print(json.dumps(r, indent=2)) if args.json else _print_info(r), status)
     try:
         import torch  # noqa: F401
     except ImportError:
@@ -134,12 +133,28 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     st = native.status()
     if st.active:
-        print(f"dtr._native is active already: {st.origin} ({st.path})")
-        return 0
+        return _written(lambda: print(f"dtr._native is active already: {st.origin} ({st.path})"), 0)
     try:
         path = native_build.build()
     except native_build.NativeBuildError as e:
         print(f"python -m dtr: error: {e}", file=sys.stderr)
         return 1
-    print(f"built {path}")
-    return 0 if native.status().active else 1
+    return _written(lambda: print(f"built {path}"), 0 if native.status().active else 1)
+
+
+def _written(write: Callable[[], None], status: int) -> int:
+    """Run ``write``, which prints to stdout, and flush it: ``status``, or 2 after one line on stderr when stdout
+    cannot be written (a full disk, ``> /dev/full``). A reader that closed the pipe (``| head -1``) is no error."""
+    try:
+        write()
+        sys.stdout.flush()
+    except OSError as e:
+        try:  # (Python flushes stdout again on exit: what is left goes to /dev/null, not to a second error)
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        except (OSError, ValueError):
+            pass
+        if isinstance(e, BrokenPipeError):
+            return status
+        print(f"python -m dtr: error: cannot write the output: {e.strerror or e}", file=sys.stderr)
+        return 2
+    return status

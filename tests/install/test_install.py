@@ -225,3 +225,15 @@ def test_a_build_that_cannot_write_its_module_says_where(monkeypatch, capsys, tm
     assert err.startswith("python -m dtr: error: ") and len(err.splitlines()) == 1 and "Traceback" not in err, err
     assert (f"cannot write the build cache: {tmp_path / cache}" in err if cxx is None
             else "compiling dtr._native with true wrote no module" in err), err
+
+
+@pytest.mark.parametrize("argv", [["info"], ["info", "--json"]])
+def test_info_into_a_full_disk_says_so_in_one_line(argv):
+    """``python -m dtr info > /dev/full``: status 2 and one line on stderr (an OSError traceback)."""
+    if not __import__("os").path.exists("/dev/full"):
+        pytest.skip("no /dev/full")
+    with open("/dev/full", "w") as full:
+        p = subprocess.run([sys.executable, "-m", "dtr", *argv], stdout=full, stderr=subprocess.PIPE, text=True,
+                           cwd=ROOT, timeout=300)
+    assert p.returncode == 2 and p.stderr.splitlines() == [
+        "python -m dtr: error: cannot write the output: No space left on device"], p.stderr
