@@ -165,6 +165,7 @@ class Budget:
         self._driver: Optional[Driver] = None
         self._final: Optional[dict] = None
         self._froze = False
+        self._ended_early = False  # ended when a block entered before it ended (Note [Blocks that end out of order])
         self._restore_escapes: Optional[Callable[[], None]] = None  # (set while a top-level block runs)
         self._stance: Optional[Any] = None
         self._outer: Optional["Budget"] = None  # the block this one is nested in (Note [Nested blocks])
@@ -357,15 +358,47 @@ class Budget:
         core.raise_peak(outer_peak)
         self._core = None
 
+    # Note [Blocks that end out of order]
+    # Two generators (or coroutines) that each hold a block across a yield,
+    # interleaved in one thread, end their blocks out of order. Before, the
+    # one that ended first got a NestingError and its block stayed active for
+    # the rest of the process: nothing could end it any more, later blocks
+    # nested in it, and code outside any block ran under its budget. Now the
+    # blocks entered after it are ended first (each brings back what the
+    # program holds and restores what it set, as a failed block does), then
+    # this one, and the NestingError says so; a block ended that way says so
+    # again when its own `with` ends. A block active in another thread is not
+    # this thread's to end.
     def __exit__(self, exc_type, exc, tb) -> None:
         driver, core = self._driver, self._core
         if driver is None or core is None:
+            if self._ended_early:
+                self._ended_early = False
+                raise NestingError("this dtr.budget block was already ended: a block entered before it ended "
+                                   "first, and blocks end in the reverse order they began (a generator or "
+                                   "coroutine suspended inside a block?)")
             raise RuntimeError("dtr.budget.__exit__: this block is not active (__exit__ without a matching "
                                "__enter__, or called twice); use `with budget:`")
         active = _active_blocks()
-        if not active or active[-1] is not self:
-            raise NestingError("dtr.budget blocks must end in the reverse order they began (this one is not the "
-                               "innermost active block of this thread)")
+        if self not in active:
+            raise NestingError("this dtr.budget block is active in another thread: a block ends in the thread "
+                               "that entered it")
+        if active[-1] is not self:  # see Note [Blocks that end out of order]
+            later = active[active.index(self) + 1:]
+            why = NestingError("dtr.budget blocks must end in the reverse order they began: a block entered "
+                               "before this one ended first, and ended it")
+            for inner in reversed(later):
+                try:
+                    inner.__exit__(NestingError, why, None)
+                finally:
+                    inner._ended_early = True
+            try:
+                self.__exit__(exc_type, exc, tb)
+            finally:
+                raise NestingError(f"dtr.budget blocks must end in the reverse order they began: this block "
+                                   f"ended while {len(later)} block(s) entered after it were active (a generator "
+                                   f"or coroutine suspended inside a block?); they were ended first, and each "
+                                   f"says so when its own `with` ends")
         active.pop()
         if self._outer is not None:
             try:

@@ -153,13 +153,66 @@ def test_what_an_inner_block_cannot_change_raises_nesting_error():
 
 
 def test_blocks_must_end_in_order():
+    """An outer block that ends first ends the inner one too, and both say so (Note [Blocks that end out of
+    order] in dtr/runtime/budget.py); nothing stays active."""
     outer, inner = dtr.budget(None), dtr.budget(None)
     outer.__enter__()
     inner.__enter__()
     with pytest.raises(dtr.NestingError, match="reverse order"):
         outer.__exit__(None, None, None)
-    inner.__exit__(None, None, None)
-    outer.__exit__(None, None, None)
+    assert dtr.active_budget() is None
+    with pytest.raises(dtr.NestingError, match="already ended"):
+        inner.__exit__(None, None, None)
+    with pytest.raises(RuntimeError, match="not active"):
+        outer.__exit__(None, None, None)
+    assert dtr.active_budget() is None
+
+
+def _generator_with_a_block(x):
+    with dtr.budget("1MiB", cost_model="flops"):
+        y = x * 2
+        yield
+        yield y + 1
+
+
+def test_generators_whose_blocks_end_out_of_order_leave_no_block_active():
+    """Two generators that hold blocks across a yield, interleaved: the first to end got a NestingError and its
+    block stayed active for good (later blocks nested in it, code outside any block ran under its budget)."""
+    import gc
+
+    x = torch.randn(64, 64)
+    g1, g2 = _generator_with_a_block(x), _generator_with_a_block(x)
+    next(g1)
+    next(g2)
+    assert torch.equal(next(g1), x * 2 + 1)
+    with pytest.raises(dtr.NestingError, match="entered after it"):
+        next(g1)  # g1's block ends while g2's is the innermost
+    assert dtr.active_budget() is None and gc.get_freeze_count() == 0
+    with pytest.raises(dtr.NestingError, match="already ended"):
+        list(g2)
+    with dtr.budget(None, heuristic="lru", cost_model="flops") as b:  # a top-level block of its own
+        assert dtr.active_budget() is b
+        _scaled_tanh_chain(x, 3)
+    assert b.stats["ops"] == 6 and dtr.active_budget() is None
+
+
+def test_a_block_ended_from_another_thread_says_so_and_stays_usable():
+    b = dtr.budget(None)
+    b.__enter__()
+    err = {}
+
+    def other():
+        try:
+            b.__exit__(None, None, None)
+        except dtr.NestingError as e:
+            err["e"] = e
+
+    t = threading.Thread(target=other)
+    t.start()
+    t.join()
+    assert "another thread" in str(err["e"])
+    assert dtr.active_budget() is b
+    b.__exit__(None, None, None)
     assert dtr.active_budget() is None
 
 
