@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import numbers
+import operator
 from dataclasses import dataclass
 from typing import Dict, Mapping, Optional, Tuple
 
@@ -135,7 +136,7 @@ def check_thrash_limit(value: object) -> float:
         try:
             limit = float(value)
         except OverflowError:  # (an int past a float's range: larger than any finite limit, or below -1)
-            limit = math.inf if value > 0 else -math.inf
+            limit = -math.inf if operator.lt(value, 0) else math.inf
     if not limit >= 1:
         raise ValueError(f"the thrash limit must be a number >= 1 (total compute allowed, as a multiple of the "
                          f"program's own) or None for no limit, not {value!r}")
