@@ -263,6 +263,7 @@ PYBIND11_MODULE(_C, m) {
       .value("PIN", InstrKind::Pin)
       .value("PROTECT", InstrKind::Protect)
       .value("COLLECT", InstrKind::Collect)
+      .value("READ", InstrKind::Read)
       .finalize();
   py::native_enum<TraceEvent>(m, "TraceEvent", "enum.IntEnum",
                               "The kind of a replay's trace entry (kind, id): ids are core ops or storages.")

@@ -224,10 +224,11 @@ class V1Reader {
         {"mutate", &V1Reader::mutate},     {"copy", &V1Reader::copy},         {"copyfrom", &V1Reader::copyfrom},
         {"release", &V1Reader::release},   {"pin", &V1Reader::pin},
         {"protect", &V1Reader::protect},   {"collect", &V1Reader::collect},
+        {"read", &V1Reader::read},
     };
     auto it = table.find(op);
     if (it == table.end())
-      r_.error("unknown op " + quote(op) + " (valid: meta, constant, call, mutate, copy, copyfrom, release, pin, protect, collect)");
+      r_.error("unknown op " + quote(op) + " (valid: meta, constant, call, mutate, copy, copyfrom, release, pin, protect, collect, read)");
     (this->*(it->second))(o);
     if (!first_line_) first_line_ = r_.line;
   }
@@ -328,6 +329,7 @@ class V1Reader {
   void pin(const JValue& o) { one_id(InstrKind::Pin, o); }
   void protect(const JValue& o) { one_id(InstrKind::Protect, o); }
   void collect(const JValue&) { r_.emit(Instr{InstrKind::Collect}); }
+  void read(const JValue& o) { one_id(InstrKind::Read, o); }
   void one_id(InstrKind kind, const JValue& o) {
     Instr ins{kind};
     ins.in.push_back(r_.use(r_.str_field(o, "id")));

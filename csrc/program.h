@@ -25,6 +25,7 @@ enum class InstrKind : uint8_t {
   Pin = 6,       // handle in[0]'s tensor becomes a constant (brought back if needed, never evicted)
   Protect = 7,   // handle in[0] (a constant) is about to go: pin what still needs its value
   Collect = 8,   // graph GC (Core::collect): storages nothing can need again are freed
+  Read = 9,      // handle in[0]'s bytes are read outside the dispatcher: brought back if needed, not pinned
 };
 
 struct Instr {

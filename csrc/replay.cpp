@@ -80,11 +80,13 @@ struct Replayer {
   void pin(const Instr& i) { core.pin(tensor_of[i.in[0]]); }
   void protect(const Instr& i) { core.protect(core.storage_of(tensor_of[i.in[0]])); }
   void collect(const Instr&) { core.collect(); }  // the runtime's graph GC: it frees storages
+  void read(const Instr& i) { core.require(tensor_of[i.in[0]]); }  // (an escape that reads: .tolist(), repr)
   void run(const Instr& i) {
     using Handler = void (Replayer::*)(const Instr&);
     static constexpr Handler table[] = {&Replayer::constant, &Replayer::call,     &Replayer::mutate,
                                         &Replayer::copy,     &Replayer::copyfrom, &Replayer::release,
-                                        &Replayer::pin,      &Replayer::protect,  &Replayer::collect};
+                                        &Replayer::pin,      &Replayer::protect,  &Replayer::collect,
+                                        &Replayer::read};
     (this->*table[static_cast<int>(i.kind)])(i);
   }
   // simrd's output condition: every tensor still referenced is wanted.

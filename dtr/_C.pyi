@@ -30,6 +30,7 @@ class InstrKind(enum.IntEnum):
     PIN = 6
     PROTECT = 7
     COLLECT = 8
+    READ = 9
 
 class TraceEvent(enum.IntEnum):
     """The kind of a replay's trace entry (kind, id): ids are core ops or storages."""

@@ -360,7 +360,9 @@ class Driver(ReferencePath):
                             if self.recorder is not None:
                                 self.recorder.protect(self.table.handle[t])
                             self.core.protect(s)
-                else:
+                else:  # (the log says so, or a replay made fewer evictions: Note [Escaped memory] in escapes.py)
+                    if self.recorder is not None:
+                        self.recorder.read(self.table.handle[t])
                     self.core.require(t)
             except (OutOfBudgetError, ThrashingError) as e:
                 name_failure(self, e, "bringing back a tensor whose bytes are read outside PyTorch")

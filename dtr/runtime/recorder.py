@@ -130,6 +130,10 @@ class LogRecorder:
         """The handle's tensor becomes a constant (an extension of v1)."""
         self._write({"op": "pin", "id": _id(handle)})
 
+    def read(self, handle: int) -> None:
+        """The handle's tensor is read outside the dispatcher: brought back, not pinned (an extension of v1)."""
+        self._write({"op": "read", "id": _id(handle)})
+
     def protect(self, handle: int) -> None:
         """A dropped constant is about to be freed (an extension of v1)."""
         self._write({"op": "protect", "id": _id(handle)})

@@ -22,7 +22,7 @@ from dtr.semantics import SIMRD, Semantics
 __all__ = ["Log", "Record", "read_log", "read_bytes", "parse_text", "KINDS"]
 
 #: A Record's kinds, indexed by InstrKind: "constant", "call", "mutate", "copy", "copyfrom",
-#: "release", "pin", "protect", "collect".
+#: "release", "pin", "protect", "collect", "read".
 KINDS = tuple(InstrKind(k).name.lower() for k in range(len(InstrKind)))
 
 

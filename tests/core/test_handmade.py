@@ -36,7 +36,8 @@ def test_enums_keep_the_values_results_spell():
     """Trace kinds, instruction kinds and statuses: the ints and strings in results and logs' records."""
     assert [(e.name, int(e)) for e in TraceEvent] == [("COMPUTED", 0), ("RECOMPUTED", 1), ("EVICTED", 2), ("FREED", 3)]
     assert [(s.name, s.value) for s in ReplayStatus] == [("OK", "ok"), ("OOM", "oom"), ("THRASH", "thrash")]
-    assert KINDS == ("constant", "call", "mutate", "copy", "copyfrom", "release", "pin", "protect", "collect")
+    assert KINDS == ("constant", "call", "mutate", "copy", "copyfrom", "release", "pin", "protect", "collect",
+                     "read")
     assert [int(k) for k in InstrKind] == list(range(len(KINDS)))
 
 
