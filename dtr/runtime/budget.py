@@ -14,6 +14,7 @@ from dtr.errors import NestingError, OutOfBudgetError, ThrashingError
 from dtr.heuristics import Heuristic, get_heuristic, heuristic_names
 from dtr.runtime import entry as entries
 from dtr.runtime.costs import get_cost_model
+from dtr.runtime.eager_stance import EagerStance
 from dtr.runtime.driver import Driver
 from dtr.runtime.escapes import patch_escapes
 from dtr.runtime.failed_blocks import clear_own_frames, remember_left, settle_left
@@ -40,18 +41,7 @@ __all__ = ["budget", "Budget", "active_budget", "check_device"]
 # collected after the block instead of during it. A program that froze objects
 # itself (a fork server) is left alone: the block neither freezes nor unfreezes.
 
-# Note [Compiled code in a block]
-# dtr sees an op only when it is dispatched, and a compiled kernel reads its
-# inputs by raw pointer: letting compiled code run unseen would read the
-# storages dtr evicted as freed memory (docs/design.md, "torch.compile runs eagerly").
-# A block therefore runs torch.compile'd functions eagerly, through dtr. Dynamo
-# already skips frames under a dispatch mode that does not ignore compiled
-# code, but a function compiled with fullgraph=True then raised ("found no
-# compiled frames"), although it ran outside the block. The block sets
-# PyTorch's public "force_eager" compiler stance instead
-# (torch.compiler.set_stance): every torch.compile directive is ignored, with
-# no error, and the stance the program had comes back at the block's end.
-# Compiled code cached before the block is kept and used again after it.
+# See Note [Compiled code in a block] in dtr/runtime/eager_stance.py.
 
 
 # Note [Nested blocks]
@@ -305,8 +295,8 @@ class Budget:
                 "heuristic": self.heuristic.name, "recorded_by": "dtr.budget", **self.semantics.to_meta()})
         self._driver = Driver(self._core, self.cost_model, recorder, self._device)
         self._restore_escapes = patch_escapes(self._driver.escape, self._driver.resize, self._driver.escape_storage)
-        # See Note [Compiled code in a block]; set_stance sets it now, and its __exit__ restores the old one.
-        self._stance = torch.compiler.set_stance("force_eager")
+        # See Note [Compiled code in a block]: set now, and its __exit__ restores the old one (the last block's).
+        self._stance = EagerStance()
         self.entered = entries.enter(self._driver, self.native, self.entry).kind
         # See Note [Garbage collection during a block].
         self._froze = gc.isenabled() and gc.get_freeze_count() == 0

@@ -273,3 +273,7 @@ def test_a_block_s_escapes_stay_its_own_while_another_thread_runs_a_block(ends_f
     assert got == [w.tolist() for w in want]
     assert torch.equal(out["other"], want[1])
     assert torch.Tensor.__reduce_ex__ is original
+    from torch._dynamo.testing import CompileCounter
+    counter = CompileCounter()
+    torch.compile(lambda a: a * 2, backend=counter)(x)
+    assert counter.frame_count == 1  # the compiler's stance came back (Note [Compiled code in a block])
