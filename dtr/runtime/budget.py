@@ -14,8 +14,8 @@ from dtr.errors import NestingError, OutOfBudgetError, ThrashingError
 from dtr.heuristics import Heuristic, get_heuristic, heuristic_names
 from dtr.runtime import entry as entries
 from dtr.runtime.costs import get_cost_model
-from dtr.runtime.eager_stance import EagerStance
 from dtr.runtime.driver import Driver
+from dtr.runtime.eager_stance import EagerStance
 from dtr.runtime.escapes import patch_escapes
 from dtr.runtime.failed_blocks import clear_own_frames, remember_left, settle_left
 from dtr.runtime.native import key_active as _key_active
