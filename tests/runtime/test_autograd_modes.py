@@ -143,9 +143,8 @@ def test_a_tangent_of_a_view_is_exact_under_eviction():
 
     want = _tangent_of_a_view(leaves())
     const = 2 * 4 * sum(r * c for r, c in shapes + [(16, 32), (16, 32)])
-    ps = leaves()
-    peak = _peak(lambda: _tangent_of_a_view(ps))
-    del ps
+    made = leaves()  # (before the block: not counted in its peak)
+    peak = _peak(lambda: _tangent_of_a_view(made))
     with dtr.budget(int(const + 0.6 * max(peak - const, 0)), cost_model="flops", heuristic="lru"):
         kept = _tangent_of_a_view(leaves())  # (held: an earlier block's tensors count in the next one)
     assert all(torch.equal(g, w) for g, w in zip(kept, want))
