@@ -92,6 +92,8 @@ class PredictionCache:
         pred = self._entries.get(sig)
         if pred is not None:
             return pred
+        if func._schema.name in _SIZED_BY_STORAGE:  # see Note [Outputs sized by an input's storage]
+            return self._put(sig, Prediction(None, None, []))
         if any(isinstance(x, torch.Tensor) and opaque(x) or isinstance(x, torch.dtype) and x in _QUANTIZED
                for x in leaves):
             # An argument of another layout has no meta twin here (a sparse tensor's strides read (0, 0)),
@@ -137,5 +139,16 @@ class PredictionCache:
             pred = Prediction(None, None, [])
         return self._put(sig, pred)
 
+
+# Note [Outputs sized by an input's storage]
+# The meta run gives each tensor argument a storage of its own, as large as
+# its view. An op whose output is as large as an argument's whole storage
+# (forward-mode AD's _new_zeros_with_same_feature_meta: a view's tangent is a
+# view of zeros the size of the view's base) was predicted at the view's size
+# (256 bytes for a 2048-byte base): the core counted the prediction, and an
+# evicted tangent came back into a buffer of the predicted size (the end of
+# the block failed: "size does not match"). Such an op is accounted for after
+# it ran, at its real size, as an op without a meta kernel is.
+_SIZED_BY_STORAGE = frozenset({"aten::_new_zeros_with_same_feature_meta"})
 
 PREDICTIONS = PredictionCache()  # shared by every block: see Note [Sizes before allocation]

@@ -127,14 +127,12 @@ def _tangent_of_a_view(ps):
     return [loss.detach(), v22.detach(), v4.detach()] + [p.grad for p in ps if p.grad is not None]
 
 
-@pytest.mark.xfail(strict=True, raises=RuntimeError, reason="open bug: aten::_new_zeros_with_same_feature_meta "
-                   "allocates its base's storage (2048 bytes) where its meta kernel, given a view with a storage "
-                   "of its own, predicts the view's (256); the core counts the prediction, and bringing the "
-                   "tensor back copies between storages of different sizes")
 def test_a_tangent_of_a_view_is_exact_under_eviction():
     """Forward-mode AD over a narrow view of a parameter, under lru at a tight budget (found by a helper's
-    extension of the random programs: seed 15). dtr raises "size does not match, self was 256 bytes but src
-    was 384 bytes" at the end of the block, and the program's tensors lose their values."""
+    extension of the random programs: seed 15). The view's tangent is as large as the view's base, which the
+    meta run predicted at the view's size: dtr raised "size does not match, self was 256 bytes but src was
+    384 bytes" at the end of the block, and the program's tensors lost their values (Note [Outputs sized by
+    an input's storage] in dtr/runtime/prediction.py)."""
     shapes = [(16, 16), (16, 32), (32, 16), (32, 32)]
 
     def leaves():
@@ -142,13 +140,9 @@ def test_a_tangent_of_a_view_is_exact_under_eviction():
         return [torch.randn(s, generator=g).requires_grad_() for s in shapes]
 
     want = _tangent_of_a_view(leaves())
-    const = 2 * 4 * sum(r * c for r, c in shapes + [(16, 32), (16, 32)])
-    made = leaves()  # (before the block: not counted in its peak)
-    peak = _peak(lambda: _tangent_of_a_view(made))
-    with dtr.budget(int(const + 0.6 * max(peak - const, 0)), cost_model="flops", heuristic="lru"):
+    with dtr.budget(None, cost_model="flops", heuristic="lru"):
         kept = _tangent_of_a_view(leaves())  # (held: an earlier block's tensors count in the next one)
-    assert all(torch.equal(g, w) for g, w in zip(kept, want))
-    with dtr.budget(int(const + 0.35 * max(peak - const, 0)), cost_model="flops", heuristic="lru") as b:
+    with dtr.budget(26 * 1024, cost_model="flops", heuristic="lru") as b:
         got = _tangent_of_a_view(leaves())
-    assert b.stats["evictions"] > 0
-    assert all(torch.equal(g, w) for g, w in zip(got, want))
+    assert b.stats["evictions"] > 0 and b.stats["remats"] > 0, b.stats
+    assert all(torch.equal(g, w) for g, w in zip(got + kept, want + want))
