@@ -22,6 +22,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from support.paths import DATA  # noqa: E402
+from support.program_escapes import ESCAPES  # noqa: E402
 from support.program_functions import LAYOUTS  # noqa: E402
 from support.random_programs import (  # noqa: E402
     Instr,
@@ -380,15 +381,18 @@ def test_a_block_does_not_depend_on_the_blocks_before_it():
 
 
 @pytest.mark.slow
-def test_generated_programs_cover_caches_and_nested_blocks():
+def test_generated_programs_cover_caches_nested_blocks_and_escapes():
     """The generator makes the instructions this suite relies on: cache loops of both kinds, with and without
-    autograd, and nested blocks of every ratio."""
-    kinds = set()
+    autograd, nested blocks of every ratio, and every escape (program_escapes.ESCAPES)."""
+    kinds, escapes = set(), set()
     for seed in SEEDS:
         for ins in generate(seed).instrs:
             if ins.kind == "decode":
                 kinds.add(("decode", ins.args[1], ins.args[3]))
             elif ins.kind == "nested":
                 kinds.add(("nested", ins.args[1]))
+            elif ins.kind == "escape":
+                escapes.add(ins.args[0])
+    assert set(ESCAPES) <= escapes, set(ESCAPES) - escapes
     assert {("decode", how, grad) for how in ("cat", "index_copy") for grad in (False, True)} <= kinds
     assert {("nested", r) for r in (None, 1.0, 0.9, 0.7)} <= kinds

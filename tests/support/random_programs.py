@@ -16,7 +16,10 @@ trips of live tensors, sparse COO/CSR operands (written in place too), a
 wrapper tensor subclass (TwoTensor) whose ops run on the plain tensors it wraps,
 autoregressive loops that grow a cache (``cat``, or ``index_copy_`` into a
 buffer) read at every step, with and without autograd, blocks nested in
-the program's own (a library's ``dtr.budget`` around a few ops), and, with
+the program's own (a library's ``dtr.budget`` around a few ops), escapes
+(support.program_escapes: writes through a storage's data pointer, ``repr``,
+``nn.Parameter`` of unseen, pinned or sparse tensors, meta tensors, packed
+RNNs, CTC, batched gradients), and, with
 ``generate(seed, collectives=True)`` and a process group of one rank
 initialized, collectives (an async ``all_reduce`` waited for after another op,
 a functional one) whose results autograd saves, and with ``generate(seed,
@@ -50,6 +53,7 @@ import torch.utils.checkpoint
 from torch.distributed import _functional_collectives as fc
 from torch.testing._internal.two_tensor import TwoTensor
 
+from support.program_escapes import ESCAPES
 from support.program_functions import LAYOUTS, ScaledMul, Unsharded, block
 
 __all__ = ["Instr", "Program", "Result", "generate", "make_leaves", "run", "run_steps", "leaf_and_grad_bytes"]
@@ -290,8 +294,8 @@ def _exec(ins: Instr, env: Dict[str, torch.Tensor]) -> None:
     elif k == "nested":  # a block inside the program's (a library's own dtr.budget), around a few ops
         with (_NESTED[0](args[1]) if _NESTED else contextlib.nullcontext()):
             env[out] = block(t(args[0])) * t(args[0])
-    elif k == "layout":  # see program_functions: lazy bits, a grown storage, quantized, forward-mode AD, settings
-        env[out] = LAYOUTS[args[0]](t(args[1]))
+    elif k in ("layout", "escape"):  # program_functions.LAYOUTS, program_escapes.ESCAPES: functions of a value
+        env[out] = (LAYOUTS if k == "layout" else ESCAPES)[args[0]](t(args[1]))
     elif k == "del":
         del env[args[0]]
     else:
@@ -306,9 +310,9 @@ def _pick(rng: random.Random, env: Dict[str, torch.Tensor], pred=lambda x: True)
 _KINDS = ["unary", "binary", "mm", "view", "inplace", "dropout", "randn_like", "cat", "sum", "ones", "del", "max",
           "index_put", "out", "no_grad", "expand", "masked_select", "where", "cond", "numpy", "batch_norm", "sort",
           "meta_inplace", "scatter", "cumsum", "autocast", "function", "checkpoint", "randn", "sample", "reseed",
-          "serialize", "sparse", "subclass", "sums", "decode", "nested", "layout"]
+          "serialize", "sparse", "subclass", "sums", "decode", "nested", "layout", "escape"]
 _WEIGHTS = [14, 12, 10, 14, 14, 5, 3, 4, 3, 2, 8, 3, 3, 3, 2, 2, 2, 2, 2, 1, 2, 2, 3, 2, 2, 2, 2, 2, 2, 4, 2, 2, 2, 2,
-            3, 2, 2, 6]
+            3, 2, 2, 6, 4]
 
 
 def _propose(rng: random.Random, env: Dict[str, torch.Tensor], fresh: Callable[[], str],
@@ -385,10 +389,10 @@ def _propose(rng: random.Random, env: Dict[str, torch.Tensor], fresh: Callable[[
             return None
         return Instr(kind, fresh(), (rng.choice(["bernoulli", "normal_", "multinomial", "randperm", "rand",
                                                  "exponential_", "geometric_"]), a, rng.random() < 0.7))
-    if kind == "layout":
+    if kind in ("layout", "escape"):
         if env[a].dtype != torch.float32 or env[a].dim() != 2:
             return None
-        return Instr(kind, fresh(), (rng.choice(sorted(LAYOUTS)), a))
+        return Instr(kind, fresh(), (rng.choice(sorted(LAYOUTS if kind == "layout" else ESCAPES)), a))
     if kind == "reseed":
         return Instr(kind, fresh(), (rng.choice(["manual_seed", "fork_rng"]), rng.randrange(1000), a))
     if kind == "serialize":
