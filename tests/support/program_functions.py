@@ -2,16 +2,19 @@
 products through a storage the program frees and allocates again (FSDP2's unsharded parameters), the block
 ``torch.utils.checkpoint`` recomputes, and the instructions through lazy conjugate and negative views, a storage
 ``resize_`` grows, a quantized round trip, forward-mode AD, float32 matmuls inside a bfloat16 autocast region,
-ops under another default dtype and Python functions run over elements in place."""
+ops under another default dtype and Python functions run over elements in place; and the tables of the
+unary, binary, in-place and view instructions."""
 from __future__ import annotations
 
 import warnings
+from typing import Any, Callable, Dict
 
 import torch
 import torch.autograd.forward_ad as fwAD
+import torch.nn.functional as F
 
-__all__ = ["LAYOUTS", "ScaledMul", "Unsharded", "block", "float64_default", "fp32_island", "grown", "lazy_bits",
-           "python_elementwise", "quantized", "tangent"]
+__all__ = ["BINARY", "INPLACE", "LAYOUTS", "ScaledMul", "UNARY", "Unsharded", "VIEWS", "block", "float64_default",
+           "fp32_island", "grown", "lazy_bits", "python_elementwise", "quantized", "tangent"]
 
 
 class ScaledMul(torch.autograd.Function):
@@ -140,3 +143,30 @@ def python_elementwise(a: torch.Tensor) -> torch.Tensor:
 #: What a "layout" instruction of the random programs runs, by name.
 LAYOUTS = {"lazy_bits": lazy_bits, "grown": grown, "quantized": quantized, "tangent": tangent,
            "fp32_island": fp32_island, "float64_default": float64_default, "python_elementwise": python_elementwise}
+
+
+# What "unary", "binary", "inplace" and "view" instructions run, by name.
+UNARY: Dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "relu": torch.relu, "tanh": torch.tanh, "sigmoid": torch.sigmoid, "neg": torch.neg,
+    "square": lambda a: a * a, "exp": lambda a: torch.exp(a.clamp(max=3.0)), "abs": torch.abs,
+    "softmax": lambda a: torch.softmax(a, dim=-1), "layer_norm": lambda a: F.layer_norm(a, a.shape[-1:]),
+    "clone": torch.clone, "contiguous": lambda a: a.t().contiguous(),
+}
+BINARY: Dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
+    "add": torch.add, "mul": torch.mul, "sub": torch.sub, "maximum": torch.maximum,
+}
+INPLACE: Dict[str, Callable[..., Any]] = {
+    "mul_": lambda a: a.mul_(0.5), "add_": lambda a, b: a.add_(b), "relu_": lambda a: a.relu_(),
+    "clamp_": lambda a: a.clamp_(-1.0, 1.0), "copy_": lambda a, b: a.copy_(b), "zero_": lambda a: a.zero_(),
+    "masked_fill_": lambda a: a.masked_fill_(a > 0.5, 0.25), "sigmoid_": lambda a: a.sigmoid_(),
+    "bernoulli_": lambda a: a.bernoulli_(0.5),
+}
+VIEWS: Dict[str, Callable[..., torch.Tensor]] = {
+    "t": lambda a: a.t(),
+    "rows": lambda a, i, j, s: a[i:j:s],
+    "cols": lambda a, i, j, s: a[:, i:j:s],
+    "flat_half": lambda a: a.reshape(-1)[: a.numel() // 2].view(a.shape[0] // 2, a.shape[1]),
+    "detach": lambda a: a.detach(),
+    "split0": lambda a: a.split(a.shape[0] // 2, dim=0)[0],
+    "diag_row": lambda a: a.narrow(0, 1, 2),
+}

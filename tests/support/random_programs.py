@@ -54,7 +54,7 @@ from torch.distributed import _functional_collectives as fc
 from torch.testing._internal.two_tensor import TwoTensor
 
 from support.program_escapes import ESCAPES
-from support.program_functions import LAYOUTS, ScaledMul, Unsharded, block
+from support.program_functions import BINARY, INPLACE, LAYOUTS, UNARY, VIEWS, ScaledMul, Unsharded, block
 
 __all__ = ["Instr", "Program", "Result", "generate", "make_leaves", "run", "run_steps", "leaf_and_grad_bytes"]
 
@@ -88,45 +88,19 @@ class Result(NamedTuple):
     values: Dict[str, torch.Tensor]   # the names the program still holds at the end, cloned after the context
 
 
-_UNARY: Dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
-    "relu": torch.relu, "tanh": torch.tanh, "sigmoid": torch.sigmoid, "neg": torch.neg,
-    "square": lambda a: a * a, "exp": lambda a: torch.exp(a.clamp(max=3.0)), "abs": torch.abs,
-    "softmax": lambda a: torch.softmax(a, dim=-1), "layer_norm": lambda a: F.layer_norm(a, a.shape[-1:]),
-    "clone": torch.clone, "contiguous": lambda a: a.t().contiguous(),
-}
-_BINARY: Dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
-    "add": torch.add, "mul": torch.mul, "sub": torch.sub, "maximum": torch.maximum,
-}
-_INPLACE: Dict[str, Callable[..., Any]] = {
-    "mul_": lambda a: a.mul_(0.5), "add_": lambda a, b: a.add_(b), "relu_": lambda a: a.relu_(),
-    "clamp_": lambda a: a.clamp_(-1.0, 1.0), "copy_": lambda a, b: a.copy_(b), "zero_": lambda a: a.zero_(),
-    "masked_fill_": lambda a: a.masked_fill_(a > 0.5, 0.25), "sigmoid_": lambda a: a.sigmoid_(),
-    "bernoulli_": lambda a: a.bernoulli_(0.5),
-}
-_VIEWS: Dict[str, Callable[..., torch.Tensor]] = {
-    "t": lambda a: a.t(),
-    "rows": lambda a, i, j, s: a[i:j:s],
-    "cols": lambda a, i, j, s: a[:, i:j:s],
-    "flat_half": lambda a: a.reshape(-1)[: a.numel() // 2].view(a.shape[0] // 2, a.shape[1]),
-    "detach": lambda a: a.detach(),
-    "split0": lambda a: a.split(a.shape[0] // 2, dim=0)[0],
-    "diag_row": lambda a: a.narrow(0, 1, 2),
-}
-
-
 def _exec(ins: Instr, env: Dict[str, torch.Tensor]) -> None:
     k, out, args = ins
     t = lambda n: env[n]  # noqa: E731
     if k == "unary":
-        env[out] = _UNARY[args[0]](t(args[1]))
+        env[out] = UNARY[args[0]](t(args[1]))
     elif k == "binary":
-        env[out] = _BINARY[args[0]](t(args[1]), t(args[2]))
+        env[out] = BINARY[args[0]](t(args[1]), t(args[2]))
     elif k == "mm":
         env[out] = t(args[0]) @ t(args[1])
     elif k == "view":
-        env[out] = _VIEWS[args[0]](t(args[1]), *args[2:])
+        env[out] = VIEWS[args[0]](t(args[1]), *args[2:])
     elif k == "inplace":
-        _INPLACE[args[0]](*[t(n) for n in args[1:]])
+        INPLACE[args[0]](*[t(n) for n in args[1:]])
     elif k == "dropout":
         env[out] = F.dropout(t(args[0]), p=args[1], training=True)
     elif k == "randn_like":
@@ -327,15 +301,15 @@ def _propose(rng: random.Random, env: Dict[str, torch.Tensor], fresh: Callable[[
     if a is None:
         return None
     if kind == "unary":
-        return Instr(kind, fresh(), (rng.choice(sorted(_UNARY)), a))
+        return Instr(kind, fresh(), (rng.choice(sorted(UNARY)), a))
     if kind == "binary":
         b = _pick(rng, env, lambda x: x.shape == env[a].shape)
-        return Instr(kind, fresh(), (rng.choice(sorted(_BINARY)), a, b))
+        return Instr(kind, fresh(), (rng.choice(sorted(BINARY)), a, b))
     if kind in ("mm", "unsharded"):
         b = _pick(rng, env, lambda x: x.dim() == 2 and env[a].dim() == 2 and x.shape[0] == env[a].shape[1])
         return None if b is None else Instr(kind, fresh(), (a, b))
     if kind == "view":
-        v = rng.choice(sorted(_VIEWS))
+        v = rng.choice(sorted(VIEWS))
         extra: Tuple[Any, ...] = ()
         if v in ("rows", "cols"):
             n = env[a].shape[0 if v == "rows" else 1] if env[a].dim() == 2 else 0
@@ -345,7 +319,7 @@ def _propose(rng: random.Random, env: Dict[str, torch.Tensor], fresh: Callable[[
             extra = (i, rng.randrange(i + 1, n + 1), rng.choice([1, 1, 2]))
         return Instr(kind, fresh(), (v, a) + extra)
     if kind == "inplace":
-        f = rng.choice(sorted(_INPLACE))
+        f = rng.choice(sorted(INPLACE))
         if f in ("add_", "copy_"):  # (b may be a itself: a write that reads its target twice)
             b = _pick(rng, env, lambda x: x.shape == env[a].shape)
             return None if b is None else Instr(kind, None, (f, a, rng.choice([a, b, b])))
