@@ -286,7 +286,7 @@ _KINDS = ["unary", "binary", "mm", "view", "inplace", "dropout", "randn_like", "
           "meta_inplace", "scatter", "cumsum", "autocast", "function", "checkpoint", "randn", "sample", "reseed",
           "serialize", "sparse", "subclass", "sums", "decode", "nested", "layout", "escape"]
 _WEIGHTS = [14, 12, 10, 14, 14, 5, 3, 4, 3, 2, 8, 3, 3, 3, 2, 2, 2, 2, 2, 1, 2, 2, 3, 2, 2, 2, 2, 2, 2, 4, 2, 2, 2, 2,
-            3, 2, 2, 6, 4]
+            3, 2, 2, 6, 5]
 
 
 def _propose(rng: random.Random, env: Dict[str, torch.Tensor], fresh: Callable[[], str],
