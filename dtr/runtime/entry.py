@@ -29,7 +29,7 @@ from torch.utils._python_dispatch import (
 
 from dtr import core
 from dtr.errors import OutOfBudgetError, ThrashingError
-from dtr.runtime import effects, failures, limits, native, recompute, reference, storage_table, timing
+from dtr.runtime import effects, failures, limits, native, prediction, recompute, storage_table, timing
 from dtr.runtime.driver import Driver
 from dtr.runtime.liveness import Liveness
 
@@ -53,7 +53,7 @@ def native_runtime() -> Any:
             "Liveness": Liveness, "Recomputer": recompute.Recomputer, "Slot": recompute.Slot,
             "Recipe": recompute.Recipe, "WallTimer": timing.WallTimer,
             "TRANSLATED": core._TRANSLATED, "name_failure": failures.name_failure,
-            "rng_capture": recompute.rng_capture, "size_warning": reference.size_warning,
+            "rng_capture": recompute.rng_capture, "size_warning": prediction.size_warning,
             "op_info": effects.native_op_info, "effects": effects, "RECENT_OPS": limits.RECENT_OPS,
             "GC_MIN_OPS": limits.GC_MIN_OPS, "MAX_PREDICTIONS": limits.MAX_PREDICTIONS,
             "MAX_VERSIONS": limits.MAX_VERSIONS,

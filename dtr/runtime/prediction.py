@@ -6,6 +6,7 @@ this cache on a signature's first sight.
 """
 from __future__ import annotations
 
+import logging
 import warnings
 from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 
@@ -16,7 +17,9 @@ from dtr.runtime.effects import RESIZES
 from dtr.runtime.pytree import tree_flatten, tree_unflatten
 from dtr.runtime.storage_table import opaque
 
-__all__ = ["PREDICTIONS", "Prediction", "PredictionCache"]
+__all__ = ["PREDICTIONS", "Prediction", "PredictionCache", "size_warning"]
+
+log = logging.getLogger("dtr.runtime")
 
 # Tensor.untyped_storage unwrapped: a block wraps the public method (Note [Escaped memory] in escapes.py).
 _storage = torch._C.TensorBase.untyped_storage
@@ -152,3 +155,28 @@ class PredictionCache:
 _SIZED_BY_STORAGE = frozenset({"aten::_new_zeros_with_same_feature_meta"})
 
 PREDICTIONS = PredictionCache()  # shared by every block: see Note [Sizes before allocation]
+
+
+# Note [Sizes that differ from the prediction]
+# An op's meta kernel can disagree with its real one: BatchNorm in eval mode
+# returns empty saved statistics where its meta kernel gives one float per
+# channel. The core counts the predicted bytes for the op's outputs (the
+# budget then holds with less room when the prediction was larger; when it
+# was smaller, memory can pass the budget by the difference). That is said
+# once per op and pair of sizes: a loop that runs the op every step logged it
+# at every call.
+_SIZE_WARNINGS: set = set()
+_MAX_SIZE_WARNINGS = 1024
+
+
+def size_warning(func: Any, got: int, predicted: int) -> None:
+    """Log, once per op and sizes, that ``func`` allocated ``got`` bytes where ``predicted`` were counted
+    (Note [Sizes that differ from the prediction])."""
+    key = (str(func), got, predicted)
+    if key in _SIZE_WARNINGS or len(_SIZE_WARNINGS) >= _MAX_SIZE_WARNINGS:
+        return
+    _SIZE_WARNINGS.add(key)
+    what = ("the budget holds, with less room" if got < predicted
+            else "memory can pass the budget by the difference")
+    log.warning("dtr: %s allocated %d bytes where %d were predicted and counted (%s); said once", func, got,
+                predicted, what)

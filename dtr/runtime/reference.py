@@ -7,7 +7,6 @@ The rules are in the Note [...] blocks next to the code they explain.
 """
 from __future__ import annotations
 
-import logging
 from collections import Counter
 from itertools import chain
 from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional, Sequence, Set, Tuple
@@ -29,7 +28,7 @@ from dtr.runtime.effects import (
 )
 from dtr.runtime.layouts import opaque_keys, signature_layouts
 from dtr.runtime.liveness import Liveness
-from dtr.runtime.prediction import Prediction, PredictionCache
+from dtr.runtime.prediction import Prediction, PredictionCache, size_warning
 from dtr.runtime.pytree import count_leaves, tree_flatten
 from dtr.runtime.recompute import Recipe, Recomputer, Slot, bits_of, old_values, rng_capture, slot_of
 from dtr.runtime.recorder import LogRecorder
@@ -37,9 +36,8 @@ from dtr.runtime.storage_table import Buf, StorageTable, opaque, resize_storage,
 from dtr.runtime.timing import ProvisionalCosts, Timer
 from dtr.runtime.unpredicted import AccountedAfter, Call
 
-__all__ = ["ReferencePath", "size_warning"]
+__all__ = ["ReferencePath"]
 
-log = logging.getLogger("dtr.runtime")
 # Tensor.untyped_storage unwrapped: a block wraps the public method (Note [Escaped memory] in escapes.py).
 _storage = torch._C.TensorBase.untyped_storage
 _is_grad_enabled = torch.is_grad_enabled
@@ -581,27 +579,3 @@ class ReferencePath(AccountedAfter):
                         out.append(i)
         return out
 
-
-# Note [Sizes that differ from the prediction]
-# An op's meta kernel can disagree with its real one: BatchNorm in eval mode
-# returns empty saved statistics where its meta kernel gives one float per
-# channel. The core counts the predicted bytes for the op's outputs (the
-# budget then holds with less room when the prediction was larger; when it
-# was smaller, memory can pass the budget by the difference). That is said
-# once per op and pair of sizes: a loop that runs the op every step logged it
-# at every call.
-_SIZE_WARNINGS: set = set()
-_MAX_SIZE_WARNINGS = 1024
-
-
-def size_warning(func: Any, got: int, predicted: int) -> None:
-    """Log, once per op and sizes, that ``func`` allocated ``got`` bytes where ``predicted`` were counted
-    (Note [Sizes that differ from the prediction])."""
-    key = (str(func), got, predicted)
-    if key in _SIZE_WARNINGS or len(_SIZE_WARNINGS) >= _MAX_SIZE_WARNINGS:
-        return
-    _SIZE_WARNINGS.add(key)
-    what = ("the budget holds, with less room" if got < predicted
-            else "memory can pass the budget by the difference")
-    log.warning("dtr: %s allocated %d bytes where %d were predicted and counted (%s); said once", func, got,
-                predicted, what)

@@ -30,7 +30,7 @@ from support.models import RandomOpsNet, mlp  # noqa: E402
 from support.training import assert_same_grads, budget_at, constant_bytes, peak_of, train_step  # noqa: E402
 
 from dtr.core import ReplayStatus  # noqa: E402
-from dtr.runtime import reference  # noqa: E402
+from dtr.runtime import prediction  # noqa: E402
 from dtr.sim import replay  # noqa: E402
 
 
@@ -561,11 +561,11 @@ def test_explicit_random_ops_replay_identically(f):
 @pytest.mark.parametrize("native", [True, False], ids=["native", "reference"])
 def test_a_size_the_meta_kernel_mispredicts_is_said_once(native, caplog):
     # BatchNorm in eval mode returns empty saved statistics where its meta kernel gives one float per channel
-    # (Note [Sizes that differ from the prediction] in reference.py): exact, and logged once, not every call.
+    # (Note [Sizes that differ from the prediction] in prediction.py): exact, and logged once, not every call.
     m = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.BatchNorm2d(8)).eval()
     x = torch.randn(4, 3, 16, 16)
     caplog.set_level("WARNING", logger="dtr.runtime")
-    reference._SIZE_WARNINGS.clear()
+    prediction._SIZE_WARNINGS.clear()
     for _ in range(3):
         with dtr.budget(None, cost_model="flops", native=native), torch.no_grad():
             y = m(x)
