@@ -41,8 +41,11 @@ lint: venv
 # runs them too.
 RUNTIME_TESTS = tests/runtime
 MODE_TESTS = $(RUNTIME_TESTS) tests/native
-# Each pass ends with pytest's summary line (counts and the pass's wall time) and its 15 slowest tests.
-PYTEST = $(PY) -m pytest -q --durations=15
+# Each pass ends with pytest's summary line (counts and the pass's wall time) and its 15 slowest tests. The tests
+# run in JOBS processes (pytest-xdist; each test is independent of the others' order): CI's machine has two cores,
+# and one process left one of them idle most of the time (pass 1: 13-16 min in one process, 9 in two).
+JOBS ?= 2
+PYTEST = $(PY) -m pytest -q -n $(JOBS) --durations=15
 test: lint
 	@echo "== pass 1/3: the whole suite (native path, default entry)"
 	DTR_REQUIRE_NATIVE=1 $(PYTEST)
