@@ -7,7 +7,7 @@ import math
 import random
 
 import pytest
-from support.random_logs import random_log, with_collects, with_inplace
+from support.random_logs import random_log, with_collects, with_inplace, with_reads
 
 from dtr.core import Core, ReplayStatus
 from dtr.errors import OutOfBudgetError, ThrashingError
@@ -74,7 +74,7 @@ def test_eqclass_split_keeps_exact_components(banish, keep_needed):
 
 
 def runtime_like_pairs(heuristic, option, **semantics):
-    """Replays of seeded random logs with in-place writes and collects, under the runtime's semantics.
+    """Replays of seeded random logs with in-place writes, collects and reads, under the runtime's semantics.
 
     For 30 seeds and budgets at 70/45/30% of each log's peak, yields the pair
     (run with ``option`` on, run with it off); Core::check() runs after every
@@ -82,7 +82,7 @@ def runtime_like_pairs(heuristic, option, **semantics):
     """
     switches = dict(keep_needed=True, free_dead_constants=True, **semantics)
     for seed in range(30):
-        log = parse_text(with_collects(with_inplace(random_log(seed, steps=300), seed), seed),
+        log = parse_text(with_reads(with_collects(with_inplace(random_log(seed, steps=300), seed), seed), seed),
                          path=f"<random {seed}>")
         with_option = {on: log.semantics.replace(**switches, **{option: on}) for on in (True, False)}
         base = replay(log, heuristic, None, check=True, semantics=with_option[True])
@@ -104,6 +104,27 @@ def test_recomputed_in_place_writes_hand_their_bytes_over(heuristic):
         assert r.peak_bytes <= r.budget_bytes
         handed += (r.remats, r.evictions) != (off.remats, off.evictions)
     assert handed > 0  # the generator reaches recomputed in-place writes
+
+
+@pytest.mark.parametrize("heuristic", ["dtr", "eqclass", "lru"])
+def test_reads_bring_tensors_back_and_keep_invariants(heuristic):
+    # A `read` (the runtime's `.tolist()` or `repr` of a tensor) brings an evicted tensor back without
+    # pinning it. The same logs with and without reads, under the runtime's semantics: Core::check() after
+    # every instruction, the budget binds, and the reads change what the runs recompute.
+    semantics = RUNTIME.replace(inplace_handover=True)
+    changed = 0
+    for seed in range(20):
+        text = with_collects(with_inplace(random_log(seed, steps=300), seed), seed)
+        runs = [parse_text(t, path=f"<random {seed}>") for t in (text, with_reads(text, seed, every=8))]
+        base = replay(runs[1], heuristic, None, check=True, semantics=semantics)
+        assert base.status == ReplayStatus.OK and base.evictions == 0
+        for frac in (0.6, 0.35):
+            budget = int(base.peak_bytes * frac)
+            without, reads = (replay(log, heuristic, budget, thrash_limit=6, seed=seed, check=True,
+                                     baseline_peak=base.peak_bytes, semantics=semantics) for log in runs)
+            assert reads.peak_bytes <= reads.budget_bytes
+            changed += (reads.status, reads.remats) != (without.status, without.remats)
+    assert changed > 0  # the reads reach evicted tensors
 
 
 @pytest.mark.parametrize("heuristic", ["dtr", "eqclass", "lru"])

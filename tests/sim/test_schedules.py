@@ -294,7 +294,7 @@ def test_evaluator_frees_a_dropped_constant_for_good(data_dir):
 
 
 def runtime_random_log(seed: int, steps: int = 150) -> str:
-    """A random v1 log with the runtime's features: in-place writes, pins, protects, collects."""
+    """A random v1 log with the runtime's features: in-place writes, pins, reads, protects, collects."""
     rng = random.Random(seed)
     meta = {"op": "meta", "version": 1, "seed": seed, "free_dead_constants": rng.random() < 0.7,
             "keep_needed": rng.random() < 0.7}
@@ -340,8 +340,10 @@ def runtime_random_log(seed: int, steps: int = 150) -> str:
             live.append(t)
         elif r < 0.67:
             lines.append(json.dumps({"op": "copyfrom", "dst": rng.choice(live), "src": rng.choice(live)}))
-        elif r < 0.71:
+        elif r < 0.69:
             lines.append(json.dumps({"op": "pin", "id": rng.choice(live)}))
+        elif r < 0.71:
+            lines.append(json.dumps({"op": "read", "id": rng.choice(live)}))
         elif r < 0.75:
             lines.append(json.dumps({"op": "protect", "id": rng.choice(live)}))
         elif r < 0.79:

@@ -73,3 +73,23 @@ def with_collects(text: str, seed: int, every: int = 15) -> str:
         if rng.random() < 1 / every:
             out.append(json.dumps({"op": "collect"}))
     return "\n".join(out) + "\n"
+
+
+def with_reads(text: str, seed: int, every: int = 12) -> str:
+    """``text`` with the runtime's ``read`` instruction (``.tolist()``, ``repr`` of a tensor) of live handles at
+    random points: the core brings an evicted tensor back there, without pinning it."""
+    rng = random.Random(f"read/{seed}")
+    lines = text.splitlines()
+    out, live = lines[:1], []
+    for line in lines[1:]:
+        out.append(line)
+        rec = json.loads(line)
+        if rec["op"] in ("constant", "copy"):
+            live.append(rec.get("id", rec.get("dst")))
+        elif rec["op"] == "call":
+            live += rec["outputs"]
+        elif rec["op"] == "release":
+            live.remove(rec["id"])
+        if live and rng.random() < 1 / every:
+            out.append(json.dumps({"op": "read", "id": rng.choice(live)}))
+    return "\n".join(out) + "\n"
