@@ -29,10 +29,19 @@ from dtr.runtime.effects import (
 from dtr.runtime.layouts import opaque_keys, signature_layouts
 from dtr.runtime.liveness import Liveness
 from dtr.runtime.prediction import Prediction, PredictionCache, size_warning
-from dtr.runtime.pytree import count_leaves, tree_flatten
+from dtr.runtime.pytree import count_leaves, tree_flatten, tree_unflatten
 from dtr.runtime.recompute import Recipe, Recomputer, Slot, bits_of, old_values, rng_capture, slot_of
 from dtr.runtime.recorder import LogRecorder
-from dtr.runtime.storage_table import Buf, StorageTable, opaque, resize_storage, subclass_types, trackable
+from dtr.runtime.storage_table import (
+    Buf,
+    StorageTable,
+    as_plain,
+    names_subclasses,
+    opaque,
+    resize_storage,
+    subclass_types,
+    trackable,
+)
 from dtr.runtime.timing import ProvisionalCosts, Timer
 from dtr.runtime.unpredicted import AccountedAfter, Call
 
@@ -99,6 +108,8 @@ class ReferencePath(AccountedAfter):
     # key). An op that still meets a wrapper (one a subclass runs on itself with
     # the Python key excluded, through the dispatch key) leaves it alone as a
     # tensor of another layout (Note [Other layouts]; storage_table.opaque).
+    # A subclass without a handler of its own is not declined (Note
+    # [Subclasses without a handler] in storage_table.py).
     # Fake tensors are the exception: while torch's FakeTensorMode is active,
     # a FakeTensor declines its ops too, leaving them to that mode, which
     # torch keeps below every mode of the program's. Declined twice, an op on
@@ -113,6 +124,9 @@ class ReferencePath(AccountedAfter):
             return NotImplemented
         kwargs = kwargs or {}
         leaves, spec = tree_flatten((args, kwargs))
+        if types and names_subclasses(types):  # see Note [Subclasses without a handler]
+            leaves = as_plain(leaves)
+            args, kwargs = tree_unflatten(leaves, spec)
         device_type = self.device_type
         if device_type is None:
             tpos = [i for i, x in enumerate(leaves) if self._trackable(x)]

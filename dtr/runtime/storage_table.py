@@ -11,11 +11,12 @@ slots, so both paths share one table.
 from __future__ import annotations
 
 import sys
-from typing import Any, Dict, Iterable, Optional, Sequence
+from typing import Any, Dict, Iterable, List, Optional, Sequence
 
 import torch
 
-__all__ = ["Buf", "StorageTable", "opaque", "resize_storage", "subclass_types", "trackable", "wrapper"]
+__all__ = ["Buf", "StorageTable", "as_plain", "names_subclasses", "opaque", "resize_storage", "subclass_types",
+           "trackable", "wrapper"]
 
 #: ``UntypedStorage.resize_`` as torch defines it: dtr frees and refills storages with this one, never with the
 #: method a block wraps for the program's own resizes (Note [Storages the program resizes] in driver.py).
@@ -30,6 +31,7 @@ _refcount = sys.getrefcount
 _PYTHON_KEY = torch._C.DispatchKey.Python
 _dispatch_keys = torch._C._dispatch_keys
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
+_as_subclass = torch._C.TensorBase.as_subclass
 
 
 def wrapper(x: torch.Tensor) -> bool:
@@ -42,9 +44,41 @@ def wrapper(x: torch.Tensor) -> bool:
     return type(x) not in _PLAIN and _dispatch_keys(x).has(_PYTHON_KEY)
 
 
+#: The ``__torch_dispatch__`` of torch.Tensor, nn.Parameter and every subclass that does not define its own.
+_NO_HANDLER = torch._C._disabled_torch_dispatch_impl
+
+
+# Note [Subclasses without a handler]
+# torch names a subclass in a mode's ``types`` even when it has no
+# __torch_dispatch__ of its own: reading ``.data`` of a subclass instance
+# (a ``class MyParam(nn.Parameter)``, LazyLinear's UninitializedParameter
+# as it materializes, a plain ``class T(torch.Tensor)``) calls aten::detach
+# with ``types = (type(x),)``. The mode declined the op (Note [Tensor
+# subclasses] in reference.py), the subclass's disabled handler declined it
+# too, and torch raised "Multiple dispatch failed" on the mode and reference
+# entries, where plain PyTorch and the dispatch key's entry run it (a
+# helper's hunt, 2026-11-29). Such a subclass is a plain strided tensor to
+# dtr (it has no Python key: ``wrapper`` is false), so its ops are the
+# mode's to run. The mode runs them on plain aliases of its instances
+# (``as_plain``): a subclass may override what dtr reads in Python
+# (UninitializedParameter's ``shape`` raises), and an alias has the same
+# storage, offset, sizes, strides and version counter.
 def subclass_types(types: Any) -> bool:
-    """Whether a ``__torch_dispatch__``'s ``types`` name a tensor subclass with a handler of its own."""
+    """Whether a ``__torch_dispatch__``'s ``types`` name a tensor subclass with a handler of its own (Note
+    [Subclasses without a handler])."""
+    return any(t not in _PLAIN and getattr(t, "__torch_dispatch__", _NO_HANDLER) is not _NO_HANDLER for t in types)
+
+
+def names_subclasses(types: Any) -> bool:
+    """Whether ``types`` name any tensor subclass, with or without a handler."""
     return any(t not in _PLAIN for t in types)
+
+
+def as_plain(leaves: Sequence[Any]) -> List[Any]:
+    """``leaves`` with each tensor of a subclass (without a handler: ``subclass_types`` said so) replaced by a
+    plain tensor aliasing it (Note [Subclasses without a handler])."""
+    return [_as_subclass(x, torch.Tensor) if isinstance(x, torch.Tensor) and type(x) not in _PLAIN else x
+            for x in leaves]
 
 
 def opaque(x: torch.Tensor) -> bool:

@@ -225,3 +225,36 @@ def test_meta_tensors_and_fake_tensors_work_in_a_block_that_evicts(how):
     assert got == (True, True, True, (8, 8))
     assert all(torch.equal(a, c) for a, c in zip(want, ys))
 
+
+
+class _PlainSubclass(torch.Tensor):
+    """A tensor subclass without a ``__torch_dispatch__`` of its own."""
+
+
+class _SubParameter(torch.nn.Parameter):
+    """A parameter subclass without a ``__torch_dispatch__`` of its own."""
+
+
+@pytest.mark.parametrize("how", sorted(ENTRIES))
+def test_subclasses_without_a_handler_of_their_own_work_in_a_block_that_evicts(how):
+    """Note [Subclasses without a handler] in dtr/runtime/storage_table.py: ``.data`` of a Parameter subclass
+    or a plain Tensor subclass, and LazyLinear's parameters materializing in the block, raised "Multiple
+    dispatch failed for 'torch.ops.aten.detach'" on the mode and reference entries (a helper's hunt,
+    2026-11-29)."""
+    def step():
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.LazyLinear(D), torch.nn.Tanh(), torch.nn.LazyLinear(D))
+        w = _SubParameter(torch.randn(D, D) * 0.2)
+        h = torch.randn(N, D).as_subclass(_PlainSubclass).data
+        for _ in range(6):
+            h = torch.tanh(model(h) @ w.data)
+        h.sum().backward()
+        return [h.detach()] + [q.detach() for q in model.parameters()] + [q.grad for q in model.parameters()]
+
+    want = step()
+    with dtr.budget(None, cost_model="flops", **ENTRIES[how]) as b:
+        step()
+    with dtr.budget(int(b.stats["peak_bytes"] * 0.6), cost_model="flops", **ENTRIES[how]) as b:
+        got = step()
+    _evicting(b)
+    assert all(torch.equal(g, x) for g, x in zip(got, want)) and len(got) == len(want) == 9
