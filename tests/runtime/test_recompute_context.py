@@ -226,7 +226,6 @@ def test_meta_tensors_and_fake_tensors_work_in_a_block_that_evicts(how):
     assert all(torch.equal(a, c) for a, c in zip(want, ys))
 
 
-
 class _PlainSubclass(torch.Tensor):
     """A tensor subclass without a ``__torch_dispatch__`` of its own."""
 
