@@ -488,6 +488,9 @@ class Core {
   std::vector<std::vector<int>> uf_front_;
   std::vector<int> bt_dirty_;
 
+  // Whether an op fingerprints as a write of its first input (Note [Sums in place or not] in core_follow.cpp).
+  bool sums_like_a_write(const std::vector<int>& inputs, const std::vector<int64_t>& sizes,
+                         const std::vector<int>& alias_of, const std::vector<int>& inplace_of) const;
   uint64_t fingerprint(const std::vector<int>& inputs, const std::vector<int64_t>& sizes,
                        const std::vector<int>& alias_of, const std::vector<int>& inplace_of) const;
   uint64_t plan_point(const std::vector<int>& inputs, const std::vector<int64_t>& sizes,

@@ -52,6 +52,36 @@ namespace dtr {
 // Planned evictions are counted apart (Counters::planned_evictions): they
 // are neither the heuristic's choice nor a last release.
 
+// Note [Sums in place or not]
+// Autograd sums two gradients of one tensor in place (old.add_(new)) only
+// when it holds the one reference to the old one's tensor and storage
+// (torch's InputBuffer reads storage().use_count()), else out of place
+// (old + new). dtr's own references move that count with the run's
+// evictions: in torch 2.13 (its PyObject preservation, pytorch#166342) a
+// Python UntypedStorage, once made for a storage, holds it for the storage's
+// life, and the native path makes one only when it evicts or brings back a
+// program's storage (Buf.get in dtr/runtime/storage_table.py, from
+// Driver._on_evict and the Recomputer), or holds it strongly
+// (StorageTable.hold, for what an evicted storage needs; the reference path
+// makes one for every output, so it sums out of place always). So
+// one step of a loop summed a gradient out of place where the next, which
+// followed a plan that evicted other storages, summed it in place: the two
+// differ in that op alone (same place in the graph, same inputs, the same
+// bytes live after it), yet the second diverged from the first's plan there
+// and ran the rest online, and was recorded and planned again; a loop whose
+// two kinds of step planned each other alternated and never followed a plan
+// to its end. So an op whose one output is a new storage of the size of its
+// first input's storage (a + b) fingerprints as a write of that input (a.add_(b)),
+// whose new version is left out, as are its inputs' other writes: a plan of
+// either step matches the other. Nothing else changes: the ordinals after it
+// agree (each names the sum by the op's ordinal and output 0, which is the
+// sum's storage either way), a plan step that names what the run lacks is
+// skipped, and a sum out of place that the plan recorded in place (n more bytes
+// for the length of one op) has its room made by the heuristic, as any
+// kernel's real sizes are: values stay exact and the budget stays hard. The
+// cost is a divergence no longer seen between two ops of the same inputs that
+// differ only in writing in place or not, which a plan serves alike.
+
 // Note [A step that starts with more]
 // A plan is checked against the recorded step, which started with the bytes
 // resident at its first op (its constants: weights, gradients, optimizer
@@ -102,6 +132,13 @@ void Core::record_fingerprints(bool on) {
   fp_on_ = fp_on_ || on;
 }
 
+bool Core::sums_like_a_write(const std::vector<int>& inputs, const std::vector<int64_t>& sizes,
+                             const std::vector<int>& alias_of, const std::vector<int>& inplace_of) const {
+  if (inputs.empty() || sizes.size() != 1) return false;
+  if ((!inplace_of.empty() && inplace_of[0] >= 0) || (!alias_of.empty() && alias_of[0] >= 0)) return false;
+  return sizes[0] == storages_[tensors_.at(inputs[0]).storage].size;
+}
+
 uint64_t Core::fingerprint(const std::vector<int>& inputs, const std::vector<int64_t>& sizes,
                            const std::vector<int>& alias_of, const std::vector<int>& inplace_of) const {
   uint64_t h = mix(0, inputs.size());
@@ -113,6 +150,7 @@ uint64_t Core::fingerprint(const std::vector<int>& inputs, const std::vector<int
   }
   // (New versions of written inputs are left out: whether a write makes one depends on what is pinned,
   // which depends on the run. Their storages' sizes follow from the inputs, and they come last.)
+  if (sums_like_a_write(inputs, sizes, alias_of, inplace_of)) return h;  // (Note [Sums in place or not])
   for (size_t i = 0; i < sizes.size(); ++i) {
     if (i < inplace_of.size() && inplace_of[i] >= 0) continue;
     h = mix(h, uint64_t(sizes[i]));

@@ -19,6 +19,7 @@ from support.paths import child_env
 from support.training import assert_same_state, budget_at, constant_bytes, grads_of, peak_of
 
 import dtr
+from dtr.core import Core
 from dtr.errors import NestingError
 from dtr.runtime.step_plans import PlanPolicy
 from dtr.sim import read_log
@@ -146,6 +147,34 @@ def test_a_planned_step_replays_to_its_own_evictions_and_recomputations(tmp_path
 
 
 @pytest.mark.slow
+def _sum_fingerprints(how: str):
+    """The fingerprints of a core step that sums gradients a and b (``how``), then reads the sum."""
+    c = Core("eqclass", None)
+    c.record_fingerprints(True)
+    w = c.constant(64)
+    a, b = [c.call([w], [64], [-1], 1.0)[0] for _ in range(2)]
+    if how == "into a constant":  # (a write to a pinned storage makes no new version: no outputs)
+        c.pin(a)
+        op = c.begin_call([a, b], [], [], [], 1.0)
+    else:  # autograd's a.add_(b), a new version of a's storage; or a + b, a new storage; or a 32-byte output
+        size = 32 if how == "smaller" else 64
+        op = c.begin_call([a, b], [size], [-1], [0 if how == "in place" else -1], 1.0)
+    c.end_call(op, 1.0)
+    outs = c.op_outputs(op)
+    c.call([outs[0] if outs else a], [64], [-1], 1.0)
+    return c.fingerprints()
+
+
+def test_a_sum_in_place_or_out_of_place_fingerprints_alike():
+    """Autograd sums a gradient in place or not as dtr's own references move its storage's use count (Note
+    [Sums in place or not] in csrc/core_follow.cpp): a step that followed the other kind's plan diverged at the
+    sum, and a loop whose two kinds of step planned each other never followed a plan to its end."""
+    out_of_place = _sum_fingerprints("out of place")
+    assert out_of_place == _sum_fingerprints("in place")
+    assert out_of_place[2] == _sum_fingerprints("into a constant")[2]  # (its readers then read the old tensor)
+    assert _sum_fingerprints("smaller")[2] != out_of_place[2]  # (an output of other bytes still differs)
+
+
 def test_steps_that_always_differ_are_recorded_once():
     rng = random.Random(0)
     torch.manual_seed(0)
