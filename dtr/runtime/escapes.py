@@ -94,6 +94,18 @@ ESCAPING: Dict[str, str] = {
 _ESCAPING_PROPERTIES = ("__cuda_array_interface__",)
 # Module-level functions that export a tensor's memory: (module, name); WRITE.
 _ESCAPING_FUNCTIONS = ((torch.utils.dlpack, "to_dlpack"), (torch, "to_dlpack"))
+# Module-level functions that read a tensor's bytes at once, no op dispatched: (module, name); READ
+# (Note [Generator states read from tensors]).
+_READING_FUNCTIONS = ((torch, "set_rng_state"), (torch.random, "set_rng_state"))
+
+# Note [Generator states read from tensors]
+# ``torch.set_rng_state(s)`` hands ``s`` to ``Generator.set_state``, which reads its bytes in C++ with no
+# op dispatched. A state the block computed (``torch.get_rng_state().repeat(k)[:n]``, a state sliced out
+# of a saved batch of them) is an evictable tensor: once evicted, set_state raised "its data is not
+# allocated yet" where plain PyTorch ran (a helper's hunt). torch.set_rng_state now brings it back
+# first. ``Generator.set_state`` itself belongs to an immutable C type and cannot be wrapped: a
+# program that calls ``g.set_state(s)`` on a state it computed inside a block calls ``s.tolist()`` (or
+# passes the tensor get_state returned, which dtr never tracks) first.
 # Note [Ops that touch bytes through raw pointers]
 # A few of PyTorch's own ops are C++ above the dispatcher that reads or
 # writes a tensor's bytes through its data pointer, with no op dispatched
@@ -337,6 +349,10 @@ def _install() -> None:
         original = getattr(module, name, None)
         if original is not None:
             replace(module, name, _guarded(original, WRITE))
+    for module, name in _READING_FUNCTIONS:
+        original = getattr(module, name, None)
+        if original is not None:
+            replace(module, name, _guarded(original, READ))
     for module, name in _RAW_FUNCTIONS:
         original = getattr(module, name, None)
         if original is not None:

@@ -590,3 +590,25 @@ def test_a_dropped_constant_of_no_bytes_is_released_cleanly(how):
         got = program(c, x, b._check)
     assert b.stats["evictions"] > 0
     assert all(torch.equal(g, w) for g, w in zip(got, want))
+
+
+@pytest.mark.parametrize("entry", ["default", "mode", "reference"])
+def test_set_rng_state_reads_a_state_the_block_computed_and_evicted(entry):
+    """Note [Generator states read from tensors] in dtr/runtime/escapes.py: torch.set_rng_state reads its
+    tensor's bytes with no op dispatched; a state sliced from a tensor the block made and evicted raised
+    "data is not allocated yet" where plain PyTorch ran."""
+    kw = {"default": {}, "mode": {"entry": "mode"}, "reference": {"native": False}}[entry]
+
+    def step():
+        s = torch.get_rng_state().repeat(16)[:5056]
+        hs = _tanh_matmul_chain(torch.randn(64, 256), 10)
+        torch.set_rng_state(s)
+        return [sum(h.sum() for h in hs), torch.randn(64, 256)]
+
+    torch.manual_seed(0)
+    want, state = step(), torch.get_rng_state()
+    torch.manual_seed(0)
+    with dtr.budget(_budget(6), cost_model="flops", **kw) as b:
+        got = step()
+    assert b.stats["evictions"] > 0 and b.stats["remats"] > 0
+    assert all(torch.equal(x, y) for x, y in zip(got, want)) and torch.equal(torch.get_rng_state(), state)
