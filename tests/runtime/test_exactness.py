@@ -17,6 +17,10 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from support.chains import ROW, W  # noqa: E402
+from support.chains import chain_budget as _budget  # noqa: E402
+from support.chains import tanh_matmul_chain as _tanh_matmul_chain  # noqa: E402
+
 import dtr  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore:Sparse CSR tensor support is in beta")
@@ -24,20 +28,6 @@ pytestmark = pytest.mark.filterwarnings("ignore:Sparse CSR tensor support is in 
 
 # Storage introspection that does not count as the program's memory escaping (dtr/runtime/escapes.py).
 _storage = torch._C.TensorBase.untyped_storage
-W = torch.randn(256, 256, generator=torch.Generator().manual_seed(7)) * 0.05
-ROW = 64 * 256 * 4  # bytes of one activation
-
-
-def _tanh_matmul_chain(first: torch.Tensor, n: int = 16) -> list:
-    hs = [first]
-    for i in range(n):
-        hs.append(torch.tanh(hs[-1] @ W + i))
-    return hs
-
-
-def _budget(k: int) -> int:
-    """W plus k activations."""
-    return W.nbytes + k * ROW
 
 
 # ---------------------------------------------------------------- random state
@@ -544,52 +534,6 @@ def test_a_dead_sparse_tensors_key_is_not_taken_for_a_new_one(monkeypatch):
         del mode.poll
     assert full_polls.count(True) == 0, full_polls
     assert total == 64.0 and torch.equal(t.to_dense(), 2 * torch.eye(8))
-
-
-# --------------------------------------------------------------- constants of no bytes
-
-def _zero_byte_chain():
-    g = torch.zeros(0)
-    for _ in range(10):  # a version chain, pinned after limits.MAX_VERSIONS writes
-        g.add_(1)
-    return g
-
-
-def _zero_byte_protected(c):
-    d = c[:0] * 2  # nothing in it, computed from constant c
-    c.add_(1)      # a write to c: protecting it pins d
-    return d
-
-
-def _zero_byte_escaped(x):
-    idx = (x * 2 > 100).nonzero()  # no hits: an empty result
-    idx.numpy().tolist()           # its memory escapes: pinned
-    return idx
-
-
-@pytest.mark.parametrize("how", ["version-chain", "protected", "escaped"])
-def test_a_dropped_constant_of_no_bytes_is_released_cleanly(how):
-    """A constant of no bytes stays in the core after its release (there is nothing to free), so it is held
-    strongly (Note [Constants held weakly] in dtr/runtime/storage_table.py): held weakly, its release found a
-    resident storage without memory and "forgot" it, which a pinned storage cannot be, and the block failed."""
-    def program(c, x, check=lambda: None):  # (c, x from before the block: constants)
-        torch.manual_seed(0)
-        for _ in range(3):
-            z = {"version-chain": _zero_byte_chain, "protected": lambda: _zero_byte_protected(c),
-                 "escaped": lambda: _zero_byte_escaped(x)}[how]()
-            check()
-            del z  # the program drops the empty constant; the next ops' polls release it
-            hs = _tanh_matmul_chain(torch.randn(64, 256), 8)
-            check()
-        return c.clone(), hs[-1]
-
-    torch.manual_seed(1)
-    c, x = torch.randn(16), torch.randn(64)
-    want = program(c.clone(), x)
-    with dtr.budget(_budget(4)) as b:
-        got = program(c, x, b._check)
-    assert b.stats["evictions"] > 0
-    assert all(torch.equal(g, w) for g, w in zip(got, want))
 
 
 @pytest.mark.parametrize("entry", ["default", "mode", "reference"])
