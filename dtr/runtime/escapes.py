@@ -312,7 +312,11 @@ def patch_escapes(escape: Callable[[torch.Tensor, str], None],
     hooks, tid = _Hooks(escape, resize, escape_storage), threading.get_ident()
     with _lock:
         if not _hooks_by_thread:
-            _install()
+            try:  # (see Note [Interrupted patching])
+                _install()
+            except BaseException:
+                _uninstall()
+                raise
         _hooks_by_thread.setdefault(tid, []).append(hooks)
 
     def restore() -> None:
@@ -325,13 +329,31 @@ def patch_escapes(escape: Callable[[torch.Tensor, str], None],
             if not stack:
                 _hooks_by_thread.pop(tid, None)
             if not _hooks_by_thread:
-                _uninstall()
+                try:
+                    _uninstall()
+                finally:  # (interrupted: the rest once more, see Note [Interrupted patching])
+                    if _saved and not _hooks_by_thread:
+                        _uninstall()
 
     return restore
 
 
+# Note [Interrupted patching]
+# A KeyboardInterrupt (or any exception a signal handler raises) can land
+# between any two of the replacements below. Before, an install interrupted
+# part way (a block's enter) left torch's methods half replaced and _saved
+# holding them, with no block to restore them; the next install saved the
+# wrappers as "originals", and uninstalling deleted an inherited attribute
+# twice: every later block raised AttributeError (UntypedStorage.data_ptr),
+# for the rest of the process. Now an install that fails is undone at once,
+# an uninstall restores and forgets one replacement at a time (so that one
+# interrupted can be finished later, and restoring twice is harmless), and an
+# install first finishes what an interrupted uninstall left.
 def _install() -> None:
     """Replace the ways out with their wrappers (while no block was active: Note [Escapes in several threads])."""
+    if _saved:  # (an uninstall was interrupted: Note [Interrupted patching])
+        _uninstall()
+
     def replace(owner: object, name: str, new: object) -> None:
         own = name in vars(owner) if isinstance(owner, type) else True
         _saved.append((owner, name, getattr(owner, name), own))
@@ -374,10 +396,11 @@ def _install() -> None:
 
 
 def _uninstall() -> None:
-    """Put back what _install replaced (the last block has ended)."""
-    for owner, name, original, own in reversed(_saved):
+    """Put back what _install replaced (the last block has ended), last first, each forgotten once restored."""
+    while _saved:
+        owner, name, original, own = _saved[-1]
         if own:
             setattr(owner, name, original)
-        else:  # inherited (from torch._C.TensorBase): drop the wrapper to uncover it
+        elif name in vars(owner):  # inherited (from torch._C.TensorBase): drop the wrapper to uncover it
             delattr(owner, name)
-    _saved.clear()
+        _saved.pop()

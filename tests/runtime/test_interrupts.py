@@ -1,0 +1,82 @@
+"""A KeyboardInterrupt landing inside dtr's own Python code (a signal handler's exception is delivered between
+any two bytecodes): the interrupt reaches the program, the block is ended, torch's methods are the originals
+again, and a new block works. Each test injects it at a fixed line through sys.settrace. Found by a helper's
+hunt (/tmp/hE/inject.py), 2026-11-29."""
+from __future__ import annotations
+
+import inspect
+import sys
+from typing import Any, Callable
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import dtr  # noqa: E402
+from dtr.runtime import escapes  # noqa: E402
+from dtr.runtime.native import key_active  # noqa: E402
+from torch.utils._python_dispatch import _get_current_dispatch_mode_stack  # noqa: E402
+
+ENTRIES = [dict(), dict(entry="mode"), dict(native=False)]
+_ORIGINALS = {n: getattr(torch.Tensor, n) for n in ("numpy", "tolist", "__reduce_ex__")}
+_STORAGE_DATA_PTR = vars(torch.UntypedStorage).get("data_ptr")
+
+
+def _chain(n: int = 6) -> torch.Tensor:
+    torch.manual_seed(0)
+    hs = [torch.randn(256, 256)]
+    for _ in range(n):
+        hs.append(torch.tanh(hs[-1] * 1.5))
+    return hs[-1].sum()
+
+
+def _interrupt_at(fn: Callable, text: str, hit: int = 1) -> Callable:
+    """A trace function raising KeyboardInterrupt the ``hit``-th time ``fn`` reaches its line containing ``text``."""
+    lines, first = inspect.getsourcelines(fn)
+    target = first + next(i for i, line in enumerate(lines) if text in line)
+    code, seen = fn.__code__, [0]
+
+    def trace(frame: Any, event: str, arg: Any) -> Any:
+        if frame.f_code is not code:
+            return None
+        if event == "line" and frame.f_lineno == target:
+            seen[0] += 1
+            if seen[0] == hit:
+                raise KeyboardInterrupt(f"injected at {fn.__qualname__}: {text}")
+        return trace
+
+    return trace
+
+
+def _interrupted_block(trace: Callable, **kw: Any) -> None:
+    """A block over _chain with ``trace`` set while it runs: the interrupt reaches the program."""
+    old = sys.gettrace()
+    with pytest.raises(KeyboardInterrupt, match="injected"):
+        sys.settrace(trace)
+        try:
+            with dtr.budget(4 * 256 * 256 * 4, **kw):
+                _chain()
+        finally:
+            sys.settrace(old)
+
+
+def _nothing_left(**kw: Any) -> None:
+    """No block, mode, key or patched method is left, and a new block evicts and is exact."""
+    assert dtr.active_budget() is None and not key_active() and not _get_current_dispatch_mode_stack()
+    assert {n: getattr(torch.Tensor, n) for n in _ORIGINALS} == _ORIGINALS
+    assert vars(torch.UntypedStorage).get("data_ptr") is _STORAGE_DATA_PTR
+    assert not escapes._saved
+    want = _chain()
+    with dtr.budget(4 * 256 * 256 * 4, **kw) as b:
+        got = _chain()
+    assert torch.equal(got, want) and b.stats["evictions"] > 0
+
+
+@pytest.mark.parametrize("kw", ENTRIES, ids=["key", "mode", "reference"])
+@pytest.mark.parametrize("text", ["replace(torch.Tensor, name, _guarded", "replace(module, name, _guarded"])
+def test_an_interrupt_while_the_block_patches_escapes(kw, text):
+    """Interrupted half way through replacing torch's methods (a block's enter): before, the methods stayed
+    half replaced, and every later block raised AttributeError (Note [Interrupted patching] in escapes.py)."""
+    _interrupted_block(_interrupt_at(escapes._install, text), **kw)
+    _nothing_left(**kw)
+    _nothing_left(**kw)
