@@ -253,28 +253,50 @@ class Budget:
         try:
             return self._enter()
         except BaseException:
-            self._final = final  # (the last block's stats stay)
-            if self._driver is not None and self._core is not None and self._outer is None:
-                self._undo_enter()
-            self._core = self._driver = None
-            self._busy.release()
+            try:
+                self._final = final  # (the last block's stats stay)
+                if self._driver is not None and self._core is not None and self._outer is None:
+                    self._undo_enter()
+            finally:
+                active = _active_blocks()
+                if self in active:  # (see Note [An interrupted enter])
+                    active.remove(self)
+                self._core = self._driver = None
+                self._busy.release()
             raise
 
+    # Note [An interrupted enter]
+    # A KeyboardInterrupt can land anywhere in an enter, also after the block took its mode or the key (or
+    # inside entry.enter), froze the collector or joined the active blocks. An enter that raises gets no
+    # __exit__: before, the mode or key stayed for good and every later block raised NestingError. The undo
+    # gives the entry back whether or not entry.enter returned, unfreezes, and restores the core's hooks.
     def _undo_enter(self) -> None:
-        """Undo what a top-level enter that failed part way set up (Note [One block at a time])."""
-        assert self._driver is not None
-        if self._restore_escapes is not None:
-            self._restore_escapes()
-        if self._stance is not None:
-            self._stance.__exit__(None, None, None)
-        if self._driver.recorder is not None:
-            self._driver.recorder.close()
+        """Undo what a top-level enter that failed part way set up (Note [One block at a time], Note [An
+        interrupted enter])."""
+        driver, core = self._driver, self._core
+        assert driver is not None and core is not None
+        try:
+            entries.abandon(driver)
+        finally:
+            try:
+                if self._restore_escapes is not None:
+                    self._restore_escapes()
+                if self._stance is not None:
+                    self._stance.__exit__(None, None, None)
+                if self._froze:
+                    gc.unfreeze()
+                if driver.recorder is not None:
+                    driver.recorder.close()
+            finally:
+                core.set_hooks()
+                driver.detach_native()
 
     def _enter(self) -> "Budget":
         if self._core is not None or (self._plans is None and self._final is not None):
             raise RuntimeError("a dtr.budget cannot be entered twice; create a new one (or give it plan=, "
                                "for one budget entered once per training step)")
         self._final, self._driver, self._restore_escapes, self._stance, self._outer = None, None, None, None, None
+        self._froze = False
         active = _active_blocks()
         if active:
             return self._enter_nested(active[-1])

@@ -33,7 +33,7 @@ from dtr.runtime import effects, failures, limits, native, prediction, recompute
 from dtr.runtime.driver import Driver
 from dtr.runtime.liveness import Liveness
 
-__all__ = ["KeyEntry", "ModeEntry", "NativeMode", "ReferenceMode", "enter", "native_runtime"]
+__all__ = ["KeyEntry", "ModeEntry", "NativeMode", "ReferenceMode", "abandon", "enter", "native_runtime"]
 
 _configured: dict = {}  # "module": the native module, once configured
 
@@ -215,3 +215,17 @@ def enter(driver: Driver, use_native: bool, entry: str) -> Any:
         made.enter()
     driver.entry = made
     return made
+
+
+def abandon(driver: Driver) -> None:
+    """Give back what :func:`enter` took for ``driver`` (its mode, or the key), also where it was interrupted before
+    it returned: a top-level block whose enter failed (Note [An interrupted enter] in budget.py)."""
+    made, driver.entry = driver.entry, None
+    if made is not None:
+        made.exit()
+        return
+    stack = _get_current_dispatch_mode_stack()
+    if stack and isinstance(stack[-1], ModeEntry) and stack[-1].driver is driver:
+        _pop_mode()
+    elif native.key_active():  # (a top-level enter found the key free: it is this block's)
+        native.key_exit()

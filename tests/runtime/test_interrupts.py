@@ -4,6 +4,7 @@ again, and a new block works. Each test injects it at a fixed line through sys.s
 hunt (/tmp/hE/inject.py), 2026-11-29."""
 from __future__ import annotations
 
+import gc
 import inspect
 import sys
 from typing import Any, Callable
@@ -13,7 +14,9 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import dtr  # noqa: E402
+from dtr.runtime import entry as entry_mod  # noqa: E402
 from dtr.runtime import escapes  # noqa: E402
+from dtr.runtime.budget import Budget  # noqa: E402
 from dtr.runtime.native import key_active  # noqa: E402
 from torch.utils._python_dispatch import _get_current_dispatch_mode_stack  # noqa: E402
 
@@ -79,4 +82,15 @@ def test_an_interrupt_while_the_block_patches_escapes(kw, text):
     half replaced, and every later block raised AttributeError (Note [Interrupted patching] in escapes.py)."""
     _interrupted_block(_interrupt_at(escapes._install, text), **kw)
     _nothing_left(**kw)
+    _nothing_left(**kw)
+
+
+@pytest.mark.parametrize("kw", ENTRIES, ids=["key", "mode", "reference"])
+@pytest.mark.parametrize("where", [(Budget._enter, "gc.freeze()"), (Budget._enter, "active.append(self)"),
+                                   (entry_mod.enter, "driver.entry = made")])
+def test_an_interrupt_after_the_block_took_its_entry(kw, where):
+    """Interrupted in a block's enter after its mode or key was taken: before, the mode or key stayed for good,
+    and every later block raised NestingError (Note [An interrupted enter] in budget.py)."""
+    _interrupted_block(_interrupt_at(*where), **kw)
+    assert gc.get_freeze_count() == 0
     _nothing_left(**kw)
