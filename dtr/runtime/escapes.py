@@ -179,8 +179,8 @@ def _guarded(original: Callable, how: str) -> Callable:
         if hooks is None or getattr(_depth, "n", 0):
             return original(self, *args, **kwargs)
         escape = hooks.escape
-        _depth.n = 1
-        try:
+        try:  # (set inside: see Note [Interrupted patching])
+            _depth.n = 1
             if isinstance(self, torch.Tensor):
                 escape(self, how)
             for x in args:  # (operands read outside the dispatcher too: map_, map2_)
@@ -208,13 +208,13 @@ def _raw_integers(original: Callable) -> Callable:
         if hooks is None or getattr(_depth, "n", 0):
             return original(*args, **kwargs)
         escape = hooks.escape
-        _depth.n = 1
-        try:
+        try:  # (set inside: see Note [Interrupted patching])
+            _depth.n = 1
             for x in (*args, *kwargs.values()):
                 if isinstance(x, torch.Tensor) and not x.is_floating_point() and not x.is_complex():
                     escape(x, PIN)
-            _depth.raw = 1
-            try:
+            try:  # (set inside: see Note [Interrupted patching])
+                _depth.raw = 1
                 out = original(*args, **kwargs)
             finally:
                 _depth.raw = 0
@@ -238,8 +238,8 @@ def _resize_wrapper(self, *args, **kwargs):
     hooks = _hooks()
     resize = hooks.resize if hooks is not None else None
     if resize is not None and not getattr(_depth, "n", 0) and len(args) + len(kwargs) == 1:
-        _depth.n = 1
-        try:
+        try:  # (set inside: see Note [Interrupted patching])
+            _depth.n = 1
             resize(self, int(args[0] if args else next(iter(kwargs.values()))))
         finally:
             _depth.n = 0
@@ -267,8 +267,8 @@ def _storage_guarded(original: Callable, torch_how: str) -> Callable:
             while frame.f_back is not None and frame.f_globals.get("__name__") == "torch.storage":
                 frame = frame.f_back  # (TypedStorage's methods ask on their caller's behalf)
             caller = frame.f_globals.get("__name__", "")
-            _depth.n = 1
-            try:
+            try:  # (set inside: see Note [Interrupted patching])
+                _depth.n = 1
                 escape(self, torch_how if caller == "torch" or caller.startswith("torch.") else WRITE)
             finally:
                 _depth.n = 0
@@ -348,7 +348,10 @@ def patch_escapes(escape: Callable[[torch.Tensor, str], None],
 # for the rest of the process. Now an install that fails is undone at once,
 # an uninstall restores and forgets one replacement at a time (so that one
 # interrupted can be finished later, and restoring twice is harmless), and an
-# install first finishes what an interrupted uninstall left.
+# install first finishes what an interrupted uninstall left. A wrapper marks
+# its escape in progress (_depth) inside the try that unmarks it: marked just
+# before it, an interrupt in between left it marked, and the thread's later
+# escapes (in every later block) were skipped: evicted tensors read empty.
 def _install() -> None:
     """Replace the ways out with their wrappers (while no block was active: Note [Escapes in several threads])."""
     if _saved:  # (an uninstall was interrupted: Note [Interrupted patching])

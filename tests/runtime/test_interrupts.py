@@ -35,7 +35,7 @@ def _chain(n: int = 6) -> torch.Tensor:
 
 def _interrupt_at(fn: Callable, text: str, hit: int = 1) -> Callable:
     """A trace function raising KeyboardInterrupt the ``hit``-th time ``fn`` reaches its line containing ``text``."""
-    lines, first = inspect.getsourcelines(fn)
+    lines, first = inspect.getsourcelines(fn.__code__)
     target = first + next(i for i, line in enumerate(lines) if text in line)
     code, seen = fn.__code__, [0]
 
@@ -93,4 +93,22 @@ def test_an_interrupt_after_the_block_took_its_entry(kw, where):
     and every later block raised NestingError (Note [An interrupted enter] in budget.py)."""
     _interrupted_block(_interrupt_at(*where), **kw)
     assert gc.get_freeze_count() == 0
+    _nothing_left(**kw)
+
+
+@pytest.mark.parametrize("kw", ENTRIES, ids=["key", "mode", "reference"])
+def test_an_interrupt_as_an_escape_begins(kw):
+    """Interrupted as a wrapped method (``.tolist()``) marks its escape in progress: before, the mark stayed,
+    and every later escape of the thread was skipped (Note [Interrupted patching] in escapes.py)."""
+    wrapper = escapes._guarded(_ORIGINALS["tolist"], escapes.READ)
+    old = sys.gettrace()
+    with pytest.raises(KeyboardInterrupt, match="injected"):
+        with dtr.budget(4 * 256 * 256 * 4, **kw):
+            x = _chain()
+            sys.settrace(_interrupt_at(wrapper, "try:"))
+            try:
+                x.tolist()
+            finally:
+                sys.settrace(old)
+    assert not getattr(escapes._depth, "n", 0)
     _nothing_left(**kw)
