@@ -363,13 +363,21 @@ class Budget:
         """Leave a nested block: its stats, and the outer block's budget, thrash limit and peak again."""
         core = self._core
         assert core is not None
-        self._final = self._read_stats()
-        outer_budget, outer_limit, outer_peak = self._saved
-        core.set_budget(outer_budget)
-        core.set_thrash_limit(outer_limit)
-        core.raise_peak(outer_peak)
-        self._core = None
+        try:
+            self._final = self._read_stats()
+        finally:
+            outer_budget, outer_limit, outer_peak = self._saved
+            try:
+                core.set_budget(outer_budget)
+                core.set_thrash_limit(outer_limit)
+                core.raise_peak(outer_peak)
+            finally:
+                self._core = None
 
+    # Note [An interrupted end]
+    # An interrupt can land anywhere in __exit__ after the block left the active blocks: before finish(), it
+    # skipped the bring-back (tensors the program holds read 0 bytes) and left the mode or key taken. The
+    # entry is given back and finish() runs (its errors then give way to the interrupt) whatever came before.
     # Note [Blocks that end out of order]
     # Two generators (or coroutines) that each hold a block across a yield,
     # interleaved in one thread, end their blocks out of order. Before, the
@@ -411,39 +419,49 @@ class Budget:
                                    f"ended while {len(later)} block(s) entered after it were active (a generator "
                                    f"or coroutine suspended inside a block?); they were ended first, and each "
                                    f"says so when its own `with` ends")
-        active.pop()
+        # (no call before the try: an interrupt lands only at calls, and from here on it still ends the block)
+        restore, stance, failed, budget_error = self._restore_escapes, self._stance, exc is not None, False
         if self._outer is not None:
             try:
+                active.pop()
                 self._exit_nested()
             finally:
+                if self in active:
+                    active.remove(self)
                 self._busy.release()
             return None
-        restore, stance = self._restore_escapes, self._stance
-        assert restore is not None and stance is not None, "a top-level block restores what it set"
-        failed = exc is not None
-        budget_error = isinstance(exc, (OutOfBudgetError, ThrashingError))
-        if exc is not None:
-            clear_own_frames(exc)  # see Note [Nothing of a failed block stays alive] in failed_blocks.py
+        prepared = False  # (an interrupt before finish() still brings everything back: Note [An interrupted end])
         try:
             try:
-                restore()
+                try:
+                    active.pop()
+                    assert restore is not None and stance is not None, "a top-level block restores what it set"
+                    budget_error = isinstance(exc, (OutOfBudgetError, ThrashingError))
+                    if exc is not None:
+                        clear_own_frames(exc)  # see Note [Nothing of a failed block stays alive] in failed_blocks.py
+                finally:
+                    try:
+                        restore()
+                    finally:
+                        entries.abandon(driver, keep=True)
+                prepared = True
             finally:
-                driver.entry.exit(exc_type, exc, tb)
-            # Every tensor the program holds is resident again (entry.py's Note [Where dtr's own work runs]).
-            with driver.off():
-                if exc_type is None:
-                    try:
-                        driver.finish()
-                    except BaseException as e:
-                        failed, budget_error = True, isinstance(e, (OutOfBudgetError, ThrashingError))
-                        raise
-                else:  # (see Note [The end of a block] in driver.py; the block's own exception goes on)
-                    try:
-                        driver.finish()
-                    except (OutOfBudgetError, ThrashingError):
-                        pass  # everything came back; the block's own exception is the one to see
-                    except Exception:
-                        pass  # (finish warned: Note [The end of a block] in driver.py)
+                # Every tensor the program holds is resident again (entry.py's Note [Where dtr's own work runs]).
+                with driver.off():
+                    if exc_type is None and prepared:
+                        try:
+                            driver.finish()
+                        except BaseException as e:
+                            failed, budget_error = True, isinstance(e, (OutOfBudgetError, ThrashingError))
+                            raise
+                    else:  # (see Note [The end of a block] in driver.py; the block's own exception goes on)
+                        failed = True
+                        try:
+                            driver.finish()
+                        except (OutOfBudgetError, ThrashingError):
+                            pass  # everything came back; the block's own exception is the one to see
+                        except Exception:
+                            pass  # (finish warned: Note [The end of a block] in driver.py)
         finally:  # (each step runs even if one before it is interrupted: Note [One block at a time])
             try:
                 stance.__exit__(None, None, None)
@@ -463,6 +481,8 @@ class Budget:
                     core.set_hooks()
                     driver.detach_native()
                 finally:
+                    if self in active:
+                        active.remove(self)
                     driver.entry = None
                     # Drop dtr's references: recipes, buffers, the core.
                     driver.recomputer.recipes.clear()

@@ -217,12 +217,17 @@ def enter(driver: Driver, use_native: bool, entry: str) -> Any:
     return made
 
 
-def abandon(driver: Driver) -> None:
-    """Give back what :func:`enter` took for ``driver`` (its mode, or the key), also where it was interrupted before
-    it returned: a top-level block whose enter failed (Note [An interrupted enter] in budget.py)."""
-    made, driver.entry = driver.entry, None
+def abandon(driver: Driver, keep: bool = False) -> None:
+    """Give back what :func:`enter` took for ``driver`` (its mode, or the key) if it still holds it, also where it
+    was interrupted before it returned: a top-level block whose enter failed or whose end was interrupted (Notes
+    [An interrupted enter] and [An interrupted end] in budget.py). ``keep``: the driver keeps its entry object
+    (its off() is used at the end of the block)."""
+    made = driver.entry
+    if not keep:
+        driver.entry = None
     if made is not None:
-        made.exit()
+        if made.receives_ops():
+            made.exit()
         return
     stack = _get_current_dispatch_mode_stack()
     if stack and isinstance(stack[-1], ModeEntry) and stack[-1].driver is driver:

@@ -112,3 +112,56 @@ def test_an_interrupt_as_an_escape_begins(kw):
                 sys.settrace(old)
     assert not getattr(escapes._depth, "n", 0)
     _nothing_left(**kw)
+
+
+@pytest.mark.parametrize("kw", ENTRIES, ids=["key", "mode", "reference"])
+def test_an_interrupt_at_the_start_of_the_end_of_a_block(kw):
+    """Interrupted right after the block left this thread's active blocks: before, its mode or key, torch's
+    patched methods and the compiler stance stayed, with no block to end them."""
+    _interrupted_block(_interrupt_at(Budget.__exit__, "assert restore is not None"), **kw)
+    assert torch.compiler.is_compiling() is False
+    _nothing_left(**kw)
+
+
+@pytest.mark.parametrize("kw", ENTRIES, ids=["key", "mode", "reference"])
+def test_an_interrupt_at_the_end_of_a_nested_block(kw):
+    """Interrupted while a nested block ends: the outer block's budget binds again (before, the inner's
+    tighter one stayed for the rest of the outer block)."""
+    old, want = sys.gettrace(), _chain()
+    with dtr.budget(8 * 256 * 256 * 4, **kw) as outer:
+        with pytest.raises(KeyboardInterrupt, match="injected"):
+            sys.settrace(_interrupt_at(Budget._exit_nested, "self._final = self._read_stats()"))
+            try:
+                with dtr.budget(4 * 256 * 256 * 4):
+                    _chain()
+            finally:
+                sys.settrace(old)
+        assert dtr.active_budget() is outer and outer._core.budget == 8 * 256 * 256 * 4
+        got = _chain()
+    assert torch.equal(got, want)
+    _nothing_left(**kw)
+
+
+@pytest.mark.parametrize("kw", ENTRIES, ids=["key", "mode", "reference"])
+def test_an_interrupt_before_the_end_brings_back_what_the_program_holds(kw):
+    """Interrupted as the block begins to end, before it restores torch's methods and brings back: the tensors the program holds
+    are brought back anyway, exact (before, the evicted ones held 0 bytes: Note [An interrupted end])."""
+    torch.manual_seed(0)
+    want = [torch.randn(256, 256)]
+    for _ in range(8):
+        want.append(torch.tanh(want[-1] * 1.5))
+    old, got = sys.gettrace(), []
+    with pytest.raises(KeyboardInterrupt, match="injected"):
+        sys.settrace(_interrupt_at(Budget.__exit__, "budget_error = isinstance(exc"))
+        try:
+            with dtr.budget(5 * 256 * 256 * 4, **kw) as b:
+                torch.manual_seed(0)
+                got.append(torch.randn(256, 256))
+                for _ in range(8):
+                    got.append(torch.tanh(got[-1] * 1.5))
+        finally:
+            sys.settrace(old)
+    assert b.stats["evictions"] > 0
+    assert all(torch.equal(g, w) for g, w in zip(got, want))
+    del got, want
+    _nothing_left(**kw)
