@@ -13,6 +13,7 @@ from dtr.core import Core, make_config
 from dtr.errors import NestingError, OutOfBudgetError, ThrashingError
 from dtr.heuristics import Heuristic, get_heuristic, heuristic_names
 from dtr.runtime import entry as entries
+from dtr.runtime.budget_args import check_device, limit_bytes
 from dtr.runtime.costs import get_cost_model
 from dtr.runtime.driver import Driver
 from dtr.runtime.eager_stance import EagerStance
@@ -24,7 +25,6 @@ from dtr.runtime.recorder import LogRecorder, check_meta
 from dtr.runtime.step_plans import PlanPolicy, StepPlans, plan_policy
 from dtr.semantics import RUNTIME, check_thrash_limit
 from dtr.sim.step_plan import StepPlan
-from dtr.units import parse_bytes
 
 __all__ = ["budget", "Budget", "active_budget", "check_device"]
 
@@ -112,7 +112,7 @@ class Budget:
                  device: Optional[Union[str, torch.device]] = None, log_meta: Optional[dict] = None,
                  eqclass_split: bool = True, native: Optional[bool] = None, entry: Optional[str] = None,
                  plan: Union[None, bool, str, float, PlanPolicy] = None):
-        self.budget_bytes = _limit_bytes(limit)
+        self.budget_bytes = limit_bytes(limit)
         policy = plan_policy(plan)
         if policy is not None and self.budget_bytes is None:
             raise ValueError("plan= needs a budget: without one nothing is evicted, so there is nothing to plan")
@@ -441,7 +441,8 @@ class Budget:
                         clear_own_frames(exc)  # see Note [Nothing of a failed block stays alive] in failed_blocks.py
                 finally:
                     try:
-                        restore()
+                        if restore is not None:
+                            restore()
                     finally:
                         entries.abandon(driver, keep=True)
                 prepared = True
@@ -464,7 +465,8 @@ class Budget:
                             pass  # (finish warned: Note [The end of a block] in driver.py)
         finally:  # (each step runs even if one before it is interrupted: Note [One block at a time])
             try:
-                stance.__exit__(None, None, None)
+                if stance is not None:
+                    stance.__exit__(None, None, None)
                 if self._froze:
                     gc.unfreeze()
                 added = driver.carry_out()  # see Note [Constants from earlier blocks] in driver.py (failed too)
@@ -490,39 +492,6 @@ class Budget:
                     self._core = None
                     self._busy.release()
         return None
-
-
-def _limit_bytes(limit: Union[None, int, float, str]) -> Optional[int]:
-    """The budget in bytes, or None for no limit: a number of 2**63 bytes or more (``float("inf")``) is none.
-
-    Raises:
-        BudgetError: ``limit`` is not a size (a string past 2**63 - 1 bytes says so).
-    """
-    if limit is None or (isinstance(limit, (int, float)) and not isinstance(limit, bool) and limit >= 2 ** 63):
-        return None
-    return parse_bytes(limit)
-
-
-def check_device(device: Union[None, str, torch.device]) -> Optional[torch.device]:
-    """``device`` as a torch.device, checked to exist in this torch (without initializing it).
-
-    Raises:
-        ValueError: not a device, or a device this torch cannot use; the message says which.
-    """
-    if device is None:
-        return None
-    try:
-        dev = torch.device(device)
-    except (RuntimeError, TypeError) as e:
-        raise ValueError(f"device {device!r} is not a device: {e}") from None
-    if dev.type not in ("cpu", "meta"):
-        module = getattr(torch, dev.type, None)
-        available = getattr(module, "is_available", None)
-        if available is not None and not available():
-            raise ValueError(f"device {device!r} is not available in this process (torch {torch.__version__} "
-                             f"sees no {dev.type} device); use device='cpu', or leave device=None to budget the "
-                             f"device of the first tensor the block touches")
-    return dev
 
 
 def budget(limit: Union[None, int, str], *, heuristic: Union[str, Heuristic] = "eqclass",

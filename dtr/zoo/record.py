@@ -20,7 +20,8 @@ import torch
 from torch.utils._pytree import tree_map
 
 from dtr.errors import DtrError
-from dtr.runtime.budget import budget, check_device
+from dtr.runtime.budget import budget
+from dtr.runtime.budget_args import check_device
 from dtr.zoo.registry import check_options, get_model
 
 __all__ = ["MANIFEST_NAME", "record_model", "update_manifest", "count_lines"]

@@ -13,12 +13,13 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from torch.utils._python_dispatch import _get_current_dispatch_mode_stack  # noqa: E402
+
 import dtr  # noqa: E402
 from dtr.runtime import entry as entry_mod  # noqa: E402
 from dtr.runtime import escapes  # noqa: E402
 from dtr.runtime.budget import Budget  # noqa: E402
 from dtr.runtime.native import key_active  # noqa: E402
-from torch.utils._python_dispatch import _get_current_dispatch_mode_stack  # noqa: E402
 
 ENTRIES = [dict(), dict(entry="mode"), dict(native=False)]
 _ORIGINALS = {n: getattr(torch.Tensor, n) for n in ("numpy", "tolist", "__reduce_ex__")}
@@ -144,8 +145,9 @@ def test_an_interrupt_at_the_end_of_a_nested_block(kw):
 
 @pytest.mark.parametrize("kw", ENTRIES, ids=["key", "mode", "reference"])
 def test_an_interrupt_before_the_end_brings_back_what_the_program_holds(kw):
-    """Interrupted as the block begins to end, before it restores torch's methods and brings back: the tensors the program holds
-    are brought back anyway, exact (before, the evicted ones held 0 bytes: Note [An interrupted end])."""
+    """Interrupted as the block begins to end, before it restores torch's methods and brings back: the tensors
+    the program holds are brought back anyway, exact (before, the evicted ones held 0 bytes: Note [An
+    interrupted end])."""
     torch.manual_seed(0)
     want = [torch.randn(256, 256)]
     for _ in range(8):
