@@ -266,15 +266,17 @@ class Recomputer:
                     buf.copy_from(self.table.phys[self.core.storage_of(old)], self.buffers)
                 leaves[pos] = self.view(r.leaves[pos]._replace(tensor=new))
         args, kwargs = tree_unflatten(leaves, r.spec)
-        if r.rng is not None:  # replay the random op with the generator state it first saw
-            saved = rng_state(r.rng)
-            set_rng_state(r.rng)
+        # (the program's state is set inside the try that restores it: a KeyboardInterrupt, which lands
+        # between any two bytecodes, right after set_rng_state left the generators at the op's old state)
+        saved = rng_state(r.rng) if r.rng is not None else None
         grad, dtype = _is_grad_enabled(), _get_default_dtype()
-        if grad != r.grad:  # see Note [What a recomputation restores]
-            _set_grad_enabled(r.grad)
-        if dtype is not r.dtype:
-            torch.set_default_dtype(r.dtype)
         try:
+            if r.rng is not None:  # replay the random op with the generator state it first saw
+                set_rng_state(r.rng)
+            if grad != r.grad:  # see Note [What a recomputation restores]
+                _set_grad_enabled(r.grad)
+            if dtype is not r.dtype:
+                torch.set_default_dtype(r.dtype)
             with _no_autocast(_EXCLUDED):
                 out = r.func(*args, **kwargs)
         except BaseException:
@@ -286,7 +288,7 @@ class Recomputer:
                 _set_grad_enabled(grad)
             if dtype is not r.dtype:
                 torch.set_default_dtype(dtype)
-            if r.rng is not None:
+            if saved is not None:
                 set_rng_state(saved)
         flat = tree_flatten(out)[0]
         # A resident twin is dropped, and so is a banished sibling (the core frees it at once; it may be

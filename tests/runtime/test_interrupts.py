@@ -20,6 +20,7 @@ from dtr.runtime import entry as entry_mod  # noqa: E402
 from dtr.runtime import escapes  # noqa: E402
 from dtr.runtime.budget import Budget  # noqa: E402
 from dtr.runtime.native import key_active  # noqa: E402
+from dtr.runtime.recompute import Recomputer  # noqa: E402
 
 ENTRIES = [dict(), dict(entry="mode"), dict(native=False)]
 _ORIGINALS = {n: getattr(torch.Tensor, n) for n in ("numpy", "tolist", "__reduce_ex__")}
@@ -167,3 +168,38 @@ def test_an_interrupt_before_the_end_brings_back_what_the_program_holds(kw):
     assert all(torch.equal(g, w) for g, w in zip(got, want))
     del got, want
     _nothing_left(**kw)
+
+
+@pytest.mark.parametrize("kw", ENTRIES, ids=["key", "mode", "reference"])
+def test_an_interrupt_in_a_random_op_s_recomputation_leaves_the_generator_as_the_program_had_it(kw):
+    """Interrupted in the recomputation of a random op right after it set the generator to the state the op
+    first saw: before, the generator stayed there, and the program's next random numbers repeated old ones."""
+    lines, first = inspect.getsourcelines(Recomputer.run)
+    target = first + next(i for i, line in enumerate(lines) if "if grad != r.grad:  # see Note" in line)
+    code, hits = Recomputer.run.__code__, []
+
+    def trace(frame: Any, event: str, arg: Any) -> Any:
+        if frame.f_code is not code:
+            return None
+        if event == "line" and frame.f_lineno == target and frame.f_locals["r"].rng is not None and not hits:
+            hits.append(1)
+            raise KeyboardInterrupt("injected in a random op's recomputation")
+        return trace
+
+    old = sys.gettrace()
+    with pytest.raises(KeyboardInterrupt, match="injected"):
+        with dtr.budget(4 * 256 * 256 * 4, **kw):
+            torch.manual_seed(0)
+            hs = [torch.rand(256, 256)]
+            for _ in range(8):
+                hs.append(torch.tanh(hs[-1] * 1.5))
+            state = torch.get_rng_state()
+            sys.settrace(trace)
+            try:
+                sum(h.sum() for h in hs)  # (brings back the evicted ones: torch.rand's output among them)
+            finally:
+                sys.settrace(old)
+    assert hits and torch.equal(torch.get_rng_state(), state)
+    del hs
+    _nothing_left(**kw)
+
