@@ -160,50 +160,47 @@ PyObject* buffer_view(PyObject*, PyObject* const* args, Py_ssize_t n) {
   }
 }
 
-namespace {
-
-// The two live buffers (or tensors) of a call ``usage`` = "name(dst, src)", given to ``body`` inside a try
-// that turns a C++ error into a Python one; None, or null with the Python error set.
-template <typename Body>
-PyObject* on_two_live(const char* usage, PyObject* const* args, Py_ssize_t n, Body body) {
+// buffer_copy(dst, src): UntypedStorage.copy_ between two live buffers (the same number of bytes).
+PyObject* buffer_copy(PyObject*, PyObject* const* args, Py_ssize_t n) {
   if (n != 2) {
-    PyErr_SetString(PyExc_TypeError, usage);
+    PyErr_SetString(PyExc_TypeError, "buffer_copy(dst, src)");
     return nullptr;
   }
   c10::StorageImpl* dst = live_impl(args[0]);
   c10::StorageImpl* src = dst == nullptr ? nullptr : live_impl(args[1]);
   if (src == nullptr) return nullptr;
   try {
-    body(dst, src);
-  } catch (const std::exception& e) {
-    return error_out(e);
-  }
-  Py_RETURN_NONE;
-}
-
-}  // namespace
-
-// buffer_copy(dst, src): UntypedStorage.copy_ between two live buffers (the same number of bytes).
-PyObject* buffer_copy(PyObject*, PyObject* const* args, Py_ssize_t n) {
-  return on_two_live("buffer_copy(dst, src)", args, n, [](c10::StorageImpl* dst, c10::StorageImpl* src) {
     TORCH_CHECK(dst->nbytes() == src->nbytes(), "size does not match, self was ", dst->nbytes(),
                 " bytes but src was ", src->nbytes(), " bytes");
     int64_t bytes = static_cast<int64_t>(dst->nbytes());
     auto d = at::TensorOptions().dtype(at::kByte).device(dst->device());
     auto s = at::TensorOptions().dtype(at::kByte).device(src->device());
     at::empty({0}, d).set_(storage_at(dst), 0, {bytes}, {1}).copy_(at::empty({0}, s).set_(storage_at(src), 0, {bytes}, {1}));
-  });
+  } catch (const std::exception& e) {
+    return error_out(e);
+  }
+  Py_RETURN_NONE;
 }
 
 // buffer_swap(dst, src): UntypedStorage._swap_data_ptr_ from the live buffer or tensor src's storage into the
 // live buffer dst's (an evicted one: 0 bytes), which takes src's bytes; src's storage is left with dst's.
 PyObject* buffer_swap(PyObject*, PyObject* const* args, Py_ssize_t n) {
-  return on_two_live("buffer_swap(dst, src)", args, n, [](c10::StorageImpl* dst, c10::StorageImpl* src) {
+  if (n != 2) {
+    PyErr_SetString(PyExc_TypeError, "buffer_swap(dst, src)");
+    return nullptr;
+  }
+  c10::StorageImpl* dst = live_impl(args[0]);
+  c10::StorageImpl* src = dst == nullptr ? nullptr : live_impl(args[1]);
+  if (src == nullptr) return nullptr;
+  try {
     TORCH_CHECK(dst->device() == src->device(), "_swap_data_ptr_: storages must be on the same device");
     TORCH_CHECK(dst->nbytes() == src->nbytes() || dst->nbytes() == 0 || src->nbytes() == 0,
                 "_swap_data_ptr_: storages must have the same nbytes or one must have 0");
     swap_bytes(dst, src);
-  });
+  } catch (const std::exception& e) {
+    return error_out(e);
+  }
+  Py_RETURN_NONE;
 }
 
 }  // namespace dtr::native
