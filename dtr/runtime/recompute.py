@@ -235,7 +235,7 @@ class Recomputer:
         # None: the program dropped it (see Note [Dropped buffers]), or the version is a banished one
         # (collected: its buffer went with it) that an op recomputed for its other outputs writes anyway;
         # the core frees it again as soon as the op ran.
-        if filled is None or buf is None:
+        if filled is None:
             buf = self.table.phys[s] = Buf(torch.UntypedStorage(n, device=self.device), owned=True, dropped=True)
         elif not filled and buf.nbytes(self.buffers) != n:  # (as UntypedStorage.resize_ raises)
             raise RuntimeError("Trying to resize storage that is not resizable")

@@ -11,7 +11,7 @@ slots, so both paths share one table.
 from __future__ import annotations
 
 import sys
-from typing import Any, Dict, Iterable, List, Optional, Sequence, cast
+from typing import Any, Dict, Iterable, List, Optional, Sequence
 
 import torch
 
@@ -140,8 +140,8 @@ class Buf:
     def key(self) -> Optional[int]:
         """The storage's address (``UntypedStorage._cdata``: what ``weak`` holds too), or None once gone."""
         if self.strong is not None:
-            return int(self.strong._cdata)
-        return None if _expired(self.weak) else cast(int, self.weak)  # (an int: torch's stub says a storage)
+            return self.strong._cdata
+        return None if _expired(self.weak) else self.weak
 
     def dead(self) -> bool:
         """Whether the program no longer references the storage."""

@@ -180,8 +180,7 @@ def _sums(path) -> list:
     """The names of the additions a log records, in order (autograd's sums among them)."""
     with open(path) as f:
         calls = [json.loads(line) for line in f]
-    return [c["name"] for c in calls
-            if c["op"] == "call" and c["name"].split(".")[0].split("::")[-1] in ("add", "add_")]
+    return [c["name"] for c in calls if c["op"] == "call" and c["name"].split(".")[0].split("::")[-1] in ("add", "add_")]
 
 
 @pytest.mark.parametrize("f", [0.35, 0.4, 0.45])
