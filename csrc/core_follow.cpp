@@ -56,15 +56,14 @@ namespace dtr {
 // Autograd sums two gradients of one tensor in place (old.add_(new)) only
 // when it holds the one reference to the old one's tensor and storage
 // (torch's InputBuffer reads storage().use_count()), else out of place
-// (old + new). dtr's own references can move that count with the run's
+// (old + new). dtr's own references move that count with the run's
 // evictions: in torch 2.13 (its PyObject preservation, pytorch#166342) a
 // Python UntypedStorage, once made for a storage, holds it for the storage's
-// life. The native path made one whenever it evicted or brought back a
-// program's storage; it no longer does (Note [Buffers without Python
-// storages] in dtr/runtime/storage_table.py), but it still makes one for a
-// storage it holds strongly (StorageTable.hold, for what an evicted storage
-// needs), and the reference path makes one for every output, so it sums out
-// of place always. So
+// life, and the native path makes one only when it evicts or brings back a
+// program's storage (Buf.get in dtr/runtime/storage_table.py, from
+// Driver._on_evict and the Recomputer), or holds it strongly
+// (StorageTable.hold, for what an evicted storage needs; the reference path
+// makes one for every output, so it sums out of place always). So
 // one step of a loop summed a gradient out of place where the next, which
 // followed a plan that evicted other storages, summed it in place: the two
 // differ in that op alone (same place in the graph, same inputs, the same
