@@ -27,7 +27,7 @@ from setuptools.command.build_py import build_py
 # The C++ sources the runtime can build dtr._native from on first use (shipped as dtr/_csrc).
 NATIVE_SOURCES = ["native/fastpath.cpp", "native/table.cpp", "native/liveness.cpp",
                   "native/prediction.cpp", "native/dispatch.cpp", "native/commit.cpp", "native/module.cpp",
-                  "native/twins.cpp", "native/buffers.cpp"]
+                  "native/twins.cpp"]
 NATIVE_HEADERS = ["core_api.h", "depth_pool.h", "native/py_object.h", "native/fastpath.h"]
 
 ext_modules = [

@@ -1,5 +1,5 @@
 # Stub of dtr._native: the runtime's per-op path in C++ (csrc/native/fastpath.cpp), built against torch.
-from typing import Any, List, Optional, Sequence, Tuple
+from typing import Any, List, Tuple
 
 TORCH_VERSION: str  # the torch.__version__ it was built against
 CXX11_ABI: int      # its _GLIBCXX_USE_CXX11_ABI
@@ -29,11 +29,4 @@ def key_enter(fastpath: FastPath, reference: bool, /) -> bool: ...  # Note [The 
 def key_exit() -> None: ...
 def key_exclude(flag: bool, /) -> bool: ...  # the previous flag
 def key_active() -> bool: ...
-# Note [Buffers without Python storages] (dtr/runtime/storage_table.py): a Buf's bytes on its StorageImpl itself.
-def buffer_nbytes(buf: Any, /) -> int: ...  # a Buf's (or a tensor's) storage's bytes; -1 if the Buf's is gone
-def buffer_key(tensor: Any, /) -> int: ...  # its storage's address (UntypedStorage._cdata)
-def buffer_resize(buf: Any, nbytes: int, /) -> Optional[bool]: ...  # None: gone; False: cannot be resized
-def buffer_view(buf: Any, dtype: Any, offset: int, size: Sequence[int], stride: Sequence[int], /) -> Any: ...
-def buffer_copy(dst: Any, src: Any, /) -> None: ...
-def buffer_swap(dst: Any, src: Any, /) -> None: ...  # src: a Buf or a tensor
 def _twin(name: str, fastpath: FastPath, *args: Any) -> Any: ...  # Note [Testing the twins]

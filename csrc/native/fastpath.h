@@ -9,7 +9,6 @@
 //   dispatch.cpp    ReferencePath._dispatch and _execute: the per-op steps up to and including the op;
 //   commit.cpp      ReferencePath._commit: what runs after the op;
 //   fastpath.cpp    the two entries (the mode's __torch_dispatch__ and the dispatch key), the reference's fallback;
-//   buffers.cpp     Buf's bytes on the StorageImpl itself (Buf.fill, view, copy_from, swap);
 //   module.cpp      the FastPath type and its hooks, configure() and the module.
 // A function that mirrors a Python function carries its name as <unit>_<method> (table_write for
 // StorageTable.write, mode_commit for ReferencePath._commit) and a comment naming its twin; the Python-object
@@ -240,14 +239,6 @@ PyObject* key_active(PyObject*, PyObject*);
 
 // ------------------------------------------------------------------ module.cpp
 extern PyTypeObject FastPathType;
-
-// ----------------------------------------------------------------- buffers.cpp
-PyObject* buffer_nbytes(PyObject*, PyObject* o);
-PyObject* buffer_key(PyObject*, PyObject* o);
-PyObject* buffer_resize(PyObject*, PyObject* const* args, Py_ssize_t n);
-PyObject* buffer_view(PyObject*, PyObject* const* args, Py_ssize_t n);
-PyObject* buffer_copy(PyObject*, PyObject* const* args, Py_ssize_t n);
-PyObject* buffer_swap(PyObject*, PyObject* const* args, Py_ssize_t n);
 
 // ------------------------------------------------------------------- twins.cpp
 PyObject* twin(PyObject*, PyObject* const* args, Py_ssize_t n);

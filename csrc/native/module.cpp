@@ -365,16 +365,6 @@ PyMethodDef module_methods[] = {
     {"key_active", key_active, METH_NOARGS, "key_active(): whether this thread's ops go to the key's entry now."},
     {"_twin", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(twin)), METH_FASTCALL,
      "_twin(name, fastpath, *args): one C++ twin of a Python function, alone (Note [Testing the twins])."},
-    // Note [Buffers without Python storages] in storage_table.py
-    {"buffer_nbytes", buffer_nbytes, METH_O, "buffer_nbytes(buf or tensor) -> its storage's bytes; -1 if gone."},
-    {"buffer_key", buffer_key, METH_O, "buffer_key(tensor) -> its storage's address (UntypedStorage._cdata)."},
-    {"buffer_resize", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(buffer_resize)), METH_FASTCALL,
-     "buffer_resize(buf, n) -> True once it holds n bytes; None if gone; False if it cannot be resized."},
-    {"buffer_view", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(buffer_view)), METH_FASTCALL,
-     "buffer_view(buf, dtype, offset, size, stride) -> a tensor over its storage."},
-    {"buffer_copy", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(buffer_copy)), METH_FASTCALL, "buffer_copy(dst, src): copy src's bytes into dst's."},
-    {"buffer_swap", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(buffer_swap)), METH_FASTCALL,
-     "buffer_swap(dst, src): swap the bytes of dst's storage with those of src's (a Buf or a tensor)."},
     {nullptr, nullptr, 0, nullptr}};
 
 PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "dtr._native",

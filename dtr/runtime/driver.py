@@ -26,7 +26,7 @@ from dtr.runtime.prediction import PREDICTIONS
 from dtr.runtime.recompute import Recomputer
 from dtr.runtime.recorder import LogRecorder
 from dtr.runtime.reference import ReferencePath
-from dtr.runtime.storage_table import Buf, StorageTable, trackable
+from dtr.runtime.storage_table import Buf, StorageTable, resize_storage, trackable
 from dtr.runtime.timing import ProvisionalCosts, Timer, WallTimer, make_timer
 
 __all__ = ["Driver"]
@@ -171,16 +171,13 @@ class Driver(ReferencePath):
         if device is not None:
             self._set_device(device)
 
-    def attach_native(self, fast: Any, buffers: Any = None) -> None:
-        """The native per-op path runs over this driver (it took over the core's hooks when it was made);
-        ``buffers``: the native module, if the block runs that path (Note [Buffers without Python storages])."""
+    def attach_native(self, fast: Any) -> None:
+        """The native per-op path runs over this driver (it took over the core's hooks when it was made)."""
         self._fast = fast
-        self.recomputer.buffers = buffers
 
     def detach_native(self) -> None:
         """Drop the native per-op path, if any (it holds the driver: a cycle the block's end breaks)."""
         self._fast = None
-        self.recomputer.buffers = None
 
     def receives_ops(self) -> bool:
         """Whether the thread's next op comes to this driver (not while dtr's own work runs, nor after the block)."""
@@ -213,14 +210,14 @@ class Driver(ReferencePath):
         remembered only now (weakly held)."""
         if self.device_type is None:
             return []
-        remembered = {k: b for k, b in _CARRIED.get(self.device_type, {}).items() if not b.gone()}
+        remembered = {k: b for k, b in _CARRIED.get(self.device_type, {}).items() if b.get() is not None}
         added = []
         for b in self._carried():
-            k = b.key()  # (no storage object: Note [Buffers without Python storages] in storage_table.py)
-            if k is not None:
-                if k not in remembered:
+            st = b.get()
+            if st is not None:
+                if st._cdata not in remembered:
                     added.append(b)
-                remembered[k] = b
+                remembered[st._cdata] = b
         _CARRIED[self.device_type] = remembered
         return added
 
@@ -288,10 +285,12 @@ class Driver(ReferencePath):
     # freeing in place costs nothing on the hot path for tensors that are resident.
     def _on_evict(self, s: int) -> None:
         buf = self.table.phys.get(s)
-        # (fill: Note [Buffers without Python storages] in storage_table.py)
-        if buf is not None and buf.fill(0, self.recomputer.buffers) is False:
-            st = buf.live()  # see Note [Storages that cannot be resized]
-            self.table.phys[s] = Buf(torch.UntypedStorage(0, device=st.device), owned=True)
+        st = buf.get() if buf is not None else None
+        if st is not None:
+            if st.resizable():
+                resize_storage(st, 0)
+            else:  # see Note [Storages that cannot be resized]
+                self.table.phys[s] = Buf(torch.UntypedStorage(0, device=st.device), owned=True)
         if self.core.storage_refs(s) > 0:
             self._hold_deps(s)
 

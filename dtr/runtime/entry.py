@@ -203,7 +203,7 @@ def enter(driver: Driver, use_native: bool, entry: str) -> Any:
     fast: Optional[Any] = None
     if use_native or entry == "key":
         fast = native_runtime().FastPath(driver, Driver._dispatch)  # (it takes over the core's hooks)
-        driver.attach_native(fast, native_runtime() if use_native else None)
+        driver.attach_native(fast)
     made: Any = None
     if entry == "key":
         assert fast is not None

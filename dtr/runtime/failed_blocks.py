@@ -89,5 +89,5 @@ def settle_left() -> None:
     """Before a block: collect the garbage once if what the last failed block left is still alive (Note [A
     failed block leaves nothing to the next])."""
     left = _AFTER_FAILURE.pop("left", ())
-    if any(not b.gone() for b in left):
+    if any(b.get() is not None for b in left):
         gc.collect()

@@ -209,5 +209,5 @@ class Liveness:
         s = core.storage_of(t)
         if core.resident(s) and core.storage_refs(s) == 0:  # kept for an evicted dependent
             buf = self.table.phys.get(s)
-            if buf is None or buf.gone():  # but its memory is gone: it must be recomputed
+            if buf is None or buf.get() is None:  # but its memory is gone: it must be recomputed
                 core.forget(s)

@@ -17,7 +17,7 @@ import torch
 
 from dtr.runtime.effects import overwrites_self
 from dtr.runtime.pytree import tree_flatten, tree_unflatten
-from dtr.runtime.storage_table import Buf, StorageTable, opaque, storage_key, storage_nbytes
+from dtr.runtime.storage_table import Buf, StorageTable, opaque, resize_storage
 
 __all__ = ["CONJ", "NEG", "Recipe", "Recomputer", "RngStates", "Slot", "bits_of", "default_generator", "rng_capture",
            "old_values", "rng_state", "set_rng_state", "slot_of"]
@@ -174,16 +174,13 @@ class Recomputer:
     reads at a fixed offset, like the mode's: Note [The driver's slots] in driver.py).
     """
 
-    __slots__ = ("core", "table", "recipes", "device", "buffers")
+    __slots__ = ("core", "table", "recipes", "device")
 
     def __init__(self, core: Any, table: StorageTable) -> None:
         self.core = core
         self.table = table
         self.recipes: Dict[int, Recipe] = {}  # core op -> recipe
         self.device: Optional[torch.device] = None  # where dtr allocates its own buffers (the block's device)
-        # How buffers' bytes change: dtr._native on the native path, else None (the Python way; Note [Buffers
-        # without Python storages] in storage_table.py). Set by Driver.attach_native.
-        self.buffers: Any = None
 
     def collected(self, ops: Iterable[int]) -> None:
         """The core collected ``ops``: they never run again. O(len(ops))."""
@@ -217,8 +214,8 @@ class Recomputer:
 
     def view(self, slot: Slot) -> torch.Tensor:
         """A tensor over ``slot``'s storage version (which must have its buffer), as the op saw it."""
-        v = self.table.phys[self.core.storage_of(slot.tensor)].view(slot.dtype, slot.offset, slot.size, slot.stride,
-                                                                    self.buffers)
+        st = self.table.phys[self.core.storage_of(slot.tensor)].live()
+        v = torch.empty(0, dtype=slot.dtype, device=st.device).set_(st, slot.offset, slot.size, slot.stride)
         if slot.bits:  # see Note [Lazy bits]
             if slot.bits & CONJ:
                 v = torch._conj(v)
@@ -226,20 +223,21 @@ class Recomputer:
                 v = torch._neg_view(v)
         return v
 
-    def refill(self, t: int) -> Buf:
-        """The buffer of version t, with its bytes allocated (dtr's own buffer if the program dropped it)."""
+    def refill(self, t: int) -> torch.UntypedStorage:
+        """The storage of version t, with its bytes allocated (dtr's own buffer if the program dropped it)."""
         s = self.core.storage_of(t)
         n = self.core.storage_size(s)
         buf = self.table.phys.get(s)
-        filled = buf.fill(n, self.buffers) if buf is not None else None
+        st = buf.get() if buf is not None else None
         # None: the program dropped it (see Note [Dropped buffers]), or the version is a banished one
         # (collected: its buffer went with it) that an op recomputed for its other outputs writes anyway;
         # the core frees it again as soon as the op ran.
-        if filled is None:
-            buf = self.table.phys[s] = Buf(torch.UntypedStorage(n, device=self.device), owned=True, dropped=True)
-        elif not filled and buf.nbytes(self.buffers) != n:  # (as UntypedStorage.resize_ raises)
-            raise RuntimeError("Trying to resize storage that is not resizable")
-        return buf
+        if st is None:
+            st = torch.UntypedStorage(n, device=self.device)
+            self.table.phys[s] = Buf(st, owned=True, dropped=True)
+        elif st.nbytes() != n:
+            resize_storage(st, n)
+        return st
 
     def run(self, op: int) -> None:
         """Run recorded ``op`` again: the core's on_compute hook for a recomputation, its inputs resident.
@@ -253,17 +251,17 @@ class Recomputer:
         """
         r = self.recipes[op]
         leaves = [self.view(x) if isinstance(x, Slot) else x for x in r.leaves]
-        moved = []  # buffers holding bytes handed over to this op
+        moved = []  # storages holding bytes handed over to this op
         for pos, old, new in r.writes:
             if new < 0:  # a constant's side effect: run it on a copy and drop it
                 leaves[pos] = leaves[pos].clone()
             elif self.core.handed(self.core.storage_of(old)):  # the old bytes become the new version's
                 leaves[pos] = self._hand_over(old, new, r.leaves[pos], self._overwrites_all(r, pos, new))
-                moved.append(self.table.phys[self.core.storage_of(new)])
+                moved.append(_storage(leaves[pos]))
             else:        # the new version starts as a copy of the old one (unless the op overwrites it all)
-                buf = self.refill(new)
+                st = self.refill(new)
                 if not self._overwrites_all(r, pos, new):
-                    buf.copy_from(self.table.phys[self.core.storage_of(old)], self.buffers)
+                    st.copy_(self.table.phys[self.core.storage_of(old)].live())
                 leaves[pos] = self.view(r.leaves[pos]._replace(tensor=new))
         args, kwargs = tree_unflatten(leaves, r.spec)
         # (the program's state is set inside the try that restores it: a KeyboardInterrupt, which lands
@@ -280,8 +278,8 @@ class Recomputer:
             with _no_autocast(_EXCLUDED):
                 out = r.func(*args, **kwargs)
         except BaseException:
-            for buf in moved:  # the new version stays evicted; the core evicts the old one too
-                buf.fill(0, self.buffers)
+            for st in moved:  # the new version stays evicted; the core evicts the old one too
+                resize_storage(st, 0)
             raise
         finally:
             if grad != r.grad:
@@ -300,10 +298,9 @@ class Recomputer:
             if not core.resident(s) and not core.banished(s):
                 back.append((slot, flat[pos]))
         # Adopt only fresh buffers, each once: never an input's (an op that aliased one this time).
-        via = self.buffers
-        srcs = {storage_key(o, via) for _, o in back}
+        srcs = {_storage(o)._cdata for _, o in back}
         adopt = _SWAP and len(srcs) == len(back) and not any(
-            isinstance(x, torch.Tensor) and not opaque(x) and storage_key(x, via) in srcs for x in leaves)
+            isinstance(x, torch.Tensor) and not opaque(x) and _storage(x)._cdata in srcs for x in leaves)
         for slot, o in back:
             if not (adopt and self._adopt(slot, o)):
                 if o.dtype != slot.dtype or tuple(o.shape) != slot.size:  # (never a silent conversion)
@@ -311,11 +308,6 @@ class Recomputer:
                                        f"where it first gave {slot.dtype} of shape {slot.size}")
                 self.refill(slot.tensor)
                 self.view(slot).copy_(o)
-
-    def _resize(self, buf: Buf, n: int) -> None:
-        """Make live ``buf`` hold ``n`` bytes (``UntypedStorage.resize_``)."""
-        if buf.fill(n, self.buffers) is False:
-            raise RuntimeError("Trying to resize storage that is not resizable")
 
     def _overwrites_all(self, r: Recipe, pos: int, new: int) -> bool:
         """Whether the recipe's write at leaf ``pos`` replaces every byte of ``new``'s storage."""
@@ -333,26 +325,23 @@ class Recomputer:
         after which the old buffer is freed at once, so that memory matches the
         core's count before the op allocates.
         """
-        core, via = self.core, self.buffers
-        src = self.table.phys[core.storage_of(old)]
-        src_bytes = src.nbytes(via)
-        if src_bytes < 0:
-            src.live()  # (raises: the buffer is gone)
+        core = self.core
+        src = self.table.phys[core.storage_of(old)].live()
         s = core.storage_of(new)
         n = core.storage_size(s)
-        dst = self.table.phys.get(s)
-        dst_bytes = dst.nbytes(via) if dst is not None else -1
-        if dst is None or dst_bytes < 0:  # the program dropped it (see Note [Dropped buffers])
-            dst = self.table.phys[s] = Buf(torch.UntypedStorage(0, device=self.device), owned=True, dropped=True)
-            dst_bytes = 0
-        if _SWAP and dst_bytes == 0 and src_bytes == n:
-            dst.swap(src, via)  # (torch >= 2.12: see _SWAP)
+        buf = self.table.phys.get(s)
+        dst = buf.get() if buf is not None else None
+        if dst is None:  # the program dropped it (see Note [Dropped buffers])
+            dst = torch.UntypedStorage(0, device=self.device)
+            self.table.phys[s] = Buf(dst, owned=True, dropped=True)
+        if _SWAP and dst.nbytes() == 0 and src.nbytes() == n:
+            dst._swap_data_ptr_(src)  # type: ignore[attr-defined]  # (torch >= 2.12: see _SWAP)
         else:
-            if dst_bytes != n:
-                self._resize(dst, n)
+            if dst.nbytes() != n:
+                resize_storage(dst, n)
             if not overwrites_all:
-                dst.copy_from(src, via)
-            self._resize(src, 0)
+                dst.copy_(src)
+            resize_storage(src, 0)
         return self.view(slot._replace(tensor=new))
 
     # Note [Adopting recomputed bytes]
@@ -375,18 +364,17 @@ class Recomputer:
 
         See Note [Adopting recomputed bytes]. O(1): no copy, no allocation.
         """
-        via = self.buffers
+        src = _storage(o)
         s = self.core.storage_of(slot.tensor)
-        if storage_nbytes(o, via) != self.core.storage_size(s) or o.storage_offset() != slot.offset \
+        if src.nbytes() != self.core.storage_size(s) or o.storage_offset() != slot.offset \
                 or tuple(o.shape) != slot.size \
                 or tuple(o.stride()) != slot.stride or o.dtype != slot.dtype:
             return False
-        buf = self.table.phys[s]
-        n = buf.nbytes(via)
-        if n < 0:  # the program dropped it (see Note [Dropped buffers])
-            self.table.phys[s] = Buf(_storage(o), owned=True, dropped=True)
-        elif n == 0:
-            buf.swap(o, via)  # (torch >= 2.12: see _SWAP)
+        st = self.table.phys[s].get()
+        if st is None:  # the program dropped it (see Note [Dropped buffers])
+            self.table.phys[s] = Buf(src, owned=True, dropped=True)
+        elif st.nbytes() == 0:
+            st._swap_data_ptr_(src)  # type: ignore[attr-defined]  # (torch >= 2.12: see _SWAP)
         else:
             return False
         return True

@@ -15,8 +15,8 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence
 
 import torch
 
-__all__ = ["Buf", "StorageTable", "as_plain", "names_subclasses", "opaque", "resize_storage", "storage_key",
-           "storage_nbytes", "subclass_types", "trackable", "wrapper"]
+__all__ = ["Buf", "StorageTable", "as_plain", "names_subclasses", "opaque", "resize_storage", "subclass_types",
+           "trackable", "wrapper"]
 
 #: ``UntypedStorage.resize_`` as torch defines it: dtr frees and refills storages with this one, never with the
 #: method a block wraps for the program's own resizes (Note [Storages the program resizes] in driver.py).
@@ -26,8 +26,6 @@ _use_count = torch._C._storage_Use_Count
 _expired = torch.UntypedStorage._expired  # StorageWeakRef.expired() without its two Python frames
 _free_weak_ref = torch.UntypedStorage._free_weak_ref
 _refcount = sys.getrefcount
-# Tensor.untyped_storage unwrapped: a block wraps the public method (Note [Escaped memory] in escapes.py).
-_storage = torch._C.TensorBase.untyped_storage
 
 
 _PYTHON_KEY = torch._C.DispatchKey.Python
@@ -133,16 +131,6 @@ class Buf:
             return None
         return torch.UntypedStorage._new_with_weak_ptr(self.weak)
 
-    def gone(self) -> bool:
-        """Whether ``get()`` is None, without making a storage object (Note [Buffers without Python storages])."""
-        return self.strong is None and bool(_expired(self.weak))
-
-    def key(self) -> Optional[int]:
-        """The storage's address (``UntypedStorage._cdata``: what ``weak`` holds too), or None once gone."""
-        if self.strong is not None:
-            return self.strong._cdata
-        return None if _expired(self.weak) else self.weak
-
     def dead(self) -> bool:
         """Whether the program no longer references the storage."""
         if self.strong is not None:
@@ -158,83 +146,6 @@ class Buf:
         if st is None:
             raise RuntimeError("dtr internal error: the buffer of a storage dtr needs is gone; please report this")
         return st
-
-    # The bytes of the storage, changed in place (Note [Evicting storages in place] in driver.py). ``via`` is
-    # the native module on the native path: its twins work on the StorageImpl itself and make no Python
-    # storage object for the program's storage (Note [Buffers without Python storages]); None: the Python way.
-    def nbytes(self, via: Any = None) -> int:
-        """The storage's bytes; -1 once the program dropped a weakly held one."""
-        if via is not None:
-            return via.buffer_nbytes(self)
-        st = self.get()
-        return -1 if st is None else st.nbytes()
-
-    def fill(self, n: int, via: Any = None) -> Optional[bool]:
-        """Make the storage hold ``n`` bytes (0: free them), keeping the first ones; None if it is gone, False
-        (nothing done) if it cannot be resized (Note [Storages that cannot be resized] in driver.py)."""
-        if via is not None:
-            return via.buffer_resize(self, n)
-        st = self.get()
-        if st is None:
-            return None
-        if not st.resizable():
-            return False
-        if st.nbytes() != n:
-            resize_storage(st, n)
-        return True
-
-    def view(self, dtype: torch.dtype, offset: int, size: Sequence[int], stride: Sequence[int],
-             via: Any = None) -> torch.Tensor:
-        """A tensor over the (live) storage: ``torch.empty(0, dtype).set_(storage, offset, size, stride)``."""
-        if via is not None:
-            return via.buffer_view(self, dtype, offset, size, stride)
-        st = self.live()
-        return torch.empty(0, dtype=dtype, device=st.device).set_(st, offset, size, stride)
-
-    def copy_from(self, src: "Buf", via: Any = None) -> None:
-        """Copy the bytes of live ``src``'s storage into this live one's (``UntypedStorage.copy_``)."""
-        if via is not None:
-            via.buffer_copy(self, src)
-        else:
-            self.live().copy_(src.live())
-
-    def swap(self, src: Any, via: Any = None) -> None:
-        """Take the bytes of ``src``'s storage (a live Buf's, or a tensor's), leaving it this storage's
-        (``UntypedStorage._swap_data_ptr_``: one of them holds no bytes)."""
-        if via is not None:
-            via.buffer_swap(self, src)
-        else:
-            other = src.live() if isinstance(src, Buf) else _storage(src)
-            self.live()._swap_data_ptr_(other)  # type: ignore[attr-defined]  # (torch >= 2.12)
-
-
-# Note [Buffers without Python storages]
-# torch (2.13, pytorch#166342) keeps a storage's Python object alive, with its
-# strong reference to the StorageImpl, for as long as the storage lives once
-# one was made: the storage's use count stays one higher. Autograd's
-# InputBuffer sums a gradient in place only when the sum's storage has one
-# reference (``use_count() == 1``), else out of place (a new buffer). dtr made
-# such an object for each storage it evicted or refilled (``Buf.get`` is
-# ``UntypedStorage._new_with_weak_ptr``), so on the native path whether a
-# backward summed in place depended on what dtr had evicted: more memory than
-# plain PyTorch at those sums, and an op stream that varied with evictions
-# (Note [Sums in place or not] in csrc/core_follow.cpp). The native path frees,
-# refills, views, copies and swaps a buffer's bytes on its StorageImpl through
-# dtr._native (csrc/native/buffers.cpp: ``via``), as UntypedStorage.resize_ and
-# _swap_data_ptr_ do, and reads storage addresses of tensors without a storage
-# object (``storage_key``), so a program's storage keeps the use count plain
-# PyTorch gives it. The reference path (DTR_NATIVE=0) keeps the Python way:
-# it makes storage objects for every tensor it tracks anyway. Holding a
-# storage strongly (a constant's, or what an evicted storage needs) still
-# makes one: by design, that reference is real.
-def storage_key(x: torch.Tensor, via: Any = None) -> int:
-    """The address of ``x``'s storage (``UntypedStorage._cdata``); see Note [Buffers without Python storages]."""
-    return via.buffer_key(x) if via is not None else _storage(x)._cdata
-
-
-def storage_nbytes(x: torch.Tensor, via: Any = None) -> int:
-    """The bytes of ``x``'s storage; see Note [Buffers without Python storages]."""
-    return via.buffer_nbytes(x) if via is not None else _storage(x).nbytes()
 
 
 # Note [Constants held weakly]

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import json
 import os
 import random
 import statistics
@@ -174,33 +173,6 @@ def test_a_sum_in_place_or_out_of_place_fingerprints_alike():
     assert out_of_place == _sum_fingerprints("in place")
     assert out_of_place[2] == _sum_fingerprints("into a constant")[2]  # (its readers then read the old tensor)
     assert _sum_fingerprints("smaller")[2] != out_of_place[2]  # (an output of other bytes still differs)
-
-
-def _sums(path) -> list:
-    """The names of the additions a log records, in order (autograd's sums among them)."""
-    with open(path) as f:
-        calls = [json.loads(line) for line in f]
-    return [c["name"] for c in calls if c["op"] == "call" and c["name"].split(".")[0].split("::")[-1] in ("add", "add_")]
-
-
-@pytest.mark.parametrize("f", [0.35, 0.4, 0.45])
-def test_autograd_sums_in_place_whatever_dtr_evicted(tmp_path, f):
-    """Note [Buffers without Python storages] in storage_table.py: autograd sums a gradient in place only while
-    its storage has one reference. Evicting or refilling a storage made a Python storage object for it, which
-    torch keeps (with its reference) for the storage's life: the sums into it were made out of place, as what
-    dtr had evicted decided. Now the sums are plain PyTorch's at any budget."""
-    m, x, step = _case("cnn")
-    b = budget_at(constant_bytes(m, x), peak_of(step), f)
-    sums, stats = {}, {}
-    for what, budget in (("plain", None), ("budget", b)):
-        m, x, step = _case("cnn")
-        mem = dtr.budget(budget, log=tmp_path / f"{what}.jsonl")
-        with mem:
-            step()
-        sums[what], stats[what] = _sums(tmp_path / f"{what}.jsonl"), mem.stats
-    assert stats["budget"]["evictions"] > 0 and stats["budget"]["remats"] > 0, stats["budget"]
-    assert any(n.split(".")[0].endswith("add_") for n in sums["plain"]), sums["plain"]
-    assert sums["budget"] == sums["plain"]
 
 
 def test_steps_that_always_differ_are_recorded_once():
